@@ -1,0 +1,7 @@
+"""torch-ntm: Neural Turing Machines for PyTorch (Graves, Wayne & Danihelka 2014)."""
+
+from torch_ntm import functional
+from torch_ntm.model import NTM, NTMCell, NTMState, NTMTrace
+
+__all__ = ["NTM", "NTMCell", "NTMState", "NTMTrace", "functional"]
+__version__ = "0.1.0"

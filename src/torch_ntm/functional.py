@@ -1,0 +1,184 @@
+"""Memory addressing and access of the Neural Turing Machine, as pure functions.
+
+Graves, Wayne & Danihelka (2014), "Neural Turing Machines", section 3. Every function is batched
+over B (batch) and H (heads of one kind) and holds no weights. Shapes use
+
+    B batch, H heads, N memory rows, M row width, R shift range (shifts -R..+R, 2R+1 of them).
+
+The addressing pipeline of one head (figure 2 of the paper) is
+
+    w^c = content_weights(M, k, beta)          # eq. (5), (6)
+    w^g = interpolate(w^c, w_prev, g)          # eq. (7)
+    w~  = shift(w^g, s)                        # eq. (8)
+    w   = sharpen(w~, gamma)                   # eq. (9)
+
+and `address` runs the four steps in that order.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+__all__ = [
+    "EPS",
+    "content_weights",
+    "interpolate",
+    "shift",
+    "sharpen",
+    "address",
+    "read",
+    "write",
+]
+
+# The one numerical-safety constant. Cosine similarity divides by the norms of the key and of each
+# memory row; memory starts at 1e-6 (squared row norm ~2e-11) and keys can be exactly zero, where
+# the norm's gradient is undefined. Adding EPS to each squared norm keeps value and gradient finite
+# and makes an (almost) empty row or key score ~0 similarity, i.e. a uniform content weighting.
+# Relative to O(1) keys and rows its effect (~EPS/2) is below float32 rounding.
+EPS = 1e-8
+
+
+def content_weights(memory: Tensor, key: Tensor, beta: Tensor) -> Tensor:
+    """Content-based weighting w^c, eq. (5)-(6).
+
+    ``w^c[b,h,i] = softmax_i(beta[b,h] * K(key[b,h], memory[b,i]))`` with cosine similarity
+    ``K(u, v) = u.v / sqrt((|u|^2 + EPS) (|v|^2 + EPS))``.
+
+    Args:
+        memory: ``[B, N, M]`` memory matrix M_t.
+        key: ``[B, H, M]`` key vectors k_t.
+        beta: ``[B, H, 1]`` key strengths beta_t >= 0.
+
+    Returns:
+        ``[B, H, N]`` weightings, non-negative, summing to one over N.
+    """
+    dot = torch.matmul(key, memory.transpose(1, 2))  # (B, H, N)
+    key_sq = key.pow(2).sum(-1, keepdim=True)  # (B, H, 1)
+    mem_sq = memory.pow(2).sum(-1).unsqueeze(1)  # (B, 1, N)
+    cosine = dot * torch.rsqrt((key_sq + EPS) * (mem_sq + EPS))
+    return torch.softmax(beta * cosine, dim=-1)
+
+
+def interpolate(w_content: Tensor, w_prev: Tensor, gate: Tensor) -> Tensor:
+    """Interpolation with the previous weighting, eq. (7): ``g w^c + (1 - g) w_{t-1}``.
+
+    Args:
+        w_content: ``[B, H, N]`` content weighting w^c_t.
+        w_prev: ``[B, H, N]`` previous weighting w_{t-1}.
+        gate: ``[B, H, 1]`` interpolation gate g_t in [0, 1].
+
+    Returns:
+        ``[B, H, N]`` gated weighting w^g_t.
+    """
+    return w_prev + gate * (w_content - w_prev)
+
+
+def shift(w: Tensor, s: Tensor) -> Tensor:
+    """Circular convolution with the shift weighting, eq. (8).
+
+    ``out[i] = sum_k s[k] * w[(i - (k - R)) mod N]``: ``s[..., k]`` is the weight of a shift by
+    ``k - R`` (ordered -R..+R), and a shift by +1 moves weight from row j to row j+1.
+
+    Args:
+        w: ``[B, H, N]`` weighting w^g_t.
+        s: ``[B, H, 2R+1]`` shift weighting s_t (a distribution over -R..+R), with 2R+1 <= N.
+
+    Returns:
+        ``[B, H, N]`` shifted weighting w~_t.
+    """
+    n, width = w.shape[-1], s.shape[-1]
+    r = (width - 1) // 2
+    if width % 2 != 1 or width > n:
+        raise ValueError(
+            f"shift weighting must have odd width 2R+1 <= N={n}, got width {width}"
+        )
+    if r == 0:
+        return w * s
+    # Pad circularly by R on both sides; window i then holds w[i-R .. i+R], and the element at
+    # window position p is w[i - R + p], i.e. the shift k - R = R - p, so s is applied reversed.
+    padded = torch.cat([w[..., n - r :], w, w[..., :r]], dim=-1)  # (B, H, N + 2R)
+    windows = padded.unfold(-1, width, 1)  # (B, H, N, 2R+1)
+    return torch.matmul(windows, s.flip(-1).unsqueeze(-1)).squeeze(-1)
+
+
+def sharpen(w: Tensor, gamma: Tensor) -> Tensor:
+    """Sharpening, eq. (9): ``w^gamma / sum_j w_j^gamma``.
+
+    The ratio is scale-invariant, so w is first divided by its (detached) maximum: the largest
+    term is then exactly 1 and the sum cannot underflow for a large gamma. Exact zeros in w give a
+    zero output and finite gradients for w and gamma (the derivative of ``x^gamma`` at ``x = 0`` is
+    taken as 0, its value for every gamma > 1).
+
+    Args:
+        w: ``[B, H, N]`` shifted weighting w~_t, non-negative.
+        gamma: ``[B, H, 1]`` sharpening exponent gamma_t >= 1.
+
+    Returns:
+        ``[B, H, N]`` sharpened weighting w_t.
+    """
+    scale = w.detach().amax(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
+    u = w / scale
+    positive = u > 0
+    # pow's gradient for gamma is u^gamma * log(u), NaN at u = 0: route zeros through a safe base.
+    powered = torch.where(positive, torch.where(positive, u, 1.0).pow(gamma), 0.0)
+    return powered / powered.sum(-1, keepdim=True)
+
+
+def address(
+    memory: Tensor,
+    w_prev: Tensor,
+    key: Tensor,
+    beta: Tensor,
+    gate: Tensor,
+    s: Tensor,
+    gamma: Tensor,
+) -> Tensor:
+    """The full addressing pipeline (figure 2): content, interpolation, shift, sharpening.
+
+    Args:
+        memory: ``[B, N, M]``; w_prev: ``[B, H, N]``; key: ``[B, H, M]``; beta, gate, gamma:
+            ``[B, H, 1]``; s: ``[B, H, 2R+1]``.
+
+    Returns:
+        ``[B, H, N]`` weighting w_t.
+    """
+    w = content_weights(memory, key, beta)
+    w = interpolate(w, w_prev, gate)
+    w = shift(w, s)
+    return sharpen(w, gamma)
+
+
+def read(memory: Tensor, w: Tensor) -> Tensor:
+    """Read vectors, eq. (2): ``r[b,h] = sum_i w[b,h,i] memory[b,i]``.
+
+    Args:
+        memory: ``[B, N, M]``; w: ``[B, H, N]`` read weightings.
+
+    Returns:
+        ``[B, H, M]`` read vectors r_t.
+    """
+    return torch.matmul(w, memory)
+
+
+def write(memory: Tensor, w: Tensor, erase: Tensor, add: Tensor) -> Tensor:
+    """Erase then add, eq. (3)-(4), for H write heads at once.
+
+    All erasures apply before all adds, so the result does not depend on the order of the heads:
+    ``M * prod_h(1 - w_h e_h^T) + sum_h w_h a_h^T``.
+
+    Args:
+        memory: ``[B, N, M]`` memory M_{t-1}.
+        w: ``[B, H, N]`` write weightings.
+        erase: ``[B, H, M]`` erase vectors e_t in [0, 1].
+        add: ``[B, H, M]`` add vectors a_t.
+
+    Returns:
+        ``[B, N, M]`` memory M_t.
+    """
+    wt = w.transpose(1, 2)  # (B, N, H)
+    if w.shape[1] == 1:
+        keep = 1.0 - wt * erase  # (B, N, M): outer product w e^T
+    else:
+        keep = torch.prod(1.0 - wt.unsqueeze(-1) * erase.unsqueeze(1), dim=2)  # (B, N, M)
+    return memory * keep + torch.matmul(wt, add)

@@ -1,0 +1,494 @@
+"""The Neural Turing Machine as PyTorch modules: `NTMCell` (one step) and `NTM` (a sequence).
+
+One time step (section 3 of the paper; r are read vectors, w weightings, M memory):
+
+    h_t, ctrl_t  = controller([x_t, r_{t-1}], ctrl_{t-1})
+    heads        = one linear layer of h_t, split into named, activated head parameters
+    w^w_t        = address(M_{t-1}, w^w_{t-1}, write-head parameters)
+    M_t          = write(M_{t-1}, w^w_t, erase, add)
+    w^r_t        = address(M_t, w^r_{t-1}, read-head parameters)
+    r_t          = read(M_t, w^r_t)
+    y_t          = linear([h_t, r_t])                      (logits)
+
+Reads see the memory after this step's write, as in eq. (2)-(4), where r_t and the write both
+refer to M_t. All state is explicit (`NTMState`); modules hold parameters only. No parameter's shape
+depends on the number of memory rows N, so a trained model can be rebuilt with a larger memory.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch_ntm import functional as ntmf
+
+__all__ = ["NTM", "NTMCell", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS"]
+
+# Constant memory initialisation: small but non-zero, as recommended in the NTM literature
+# (Collier & Beel 2018, "Implementing Neural Turing Machines").
+MEMORY_INIT_CONSTANT = 1e-6
+MEMORY_INITS = ("constant", "learned", "random")
+
+
+class NTMState(NamedTuple):
+    """Recurrent state of an NTM, passed in and returned by `forward`.
+
+    Attributes:
+        controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
+        memory: ``[B, N, M]`` memory matrix.
+        read_weights: ``[B, Hr, N]`` read weightings.
+        write_weights: ``[B, Hw, N]`` write weightings.
+        reads: ``[B, Hr, M]`` read vectors of the last step.
+    """
+
+    controller: tuple
+    memory: Tensor
+    read_weights: Tensor
+    write_weights: Tensor
+    reads: Tensor
+
+
+class NTMTrace(NamedTuple):
+    """What `NTM.trace` records at each step, stacked over time (T first)."""
+
+    read_weights: Tensor  # (T, B, Hr, N)
+    write_weights: Tensor  # (T, B, Hw, N)
+    erase: Tensor  # (T, B, Hw, M)
+    add: Tensor  # (T, B, Hw, M)
+    memory: Tensor  # (T, B, N, M), after the step's write
+
+
+class LSTMController(nn.Module):
+    """A stack of LSTM cells with a learned initial state and forget-gate bias 1."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int, **factory) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.cells = nn.ModuleList(
+            nn.LSTMCell(input_size if i == 0 else hidden_size, hidden_size, **factory)
+            for i in range(num_layers)
+        )
+        self.h0 = nn.Parameter(torch.empty(num_layers, hidden_size, **factory))
+        self.c0 = nn.Parameter(torch.empty(num_layers, hidden_size, **factory))
+
+    def reset_parameters(self) -> None:
+        for cell in self.cells:
+            cell.reset_parameters()
+            # Gate order is (input, forget, cell, output); bias_ih + bias_hh is the gate's bias.
+            c = self.hidden_size
+            with torch.no_grad():
+                cell.bias_ih[c : 2 * c].fill_(1.0)
+                cell.bias_hh[c : 2 * c].fill_(0.0)
+        nn.init.normal_(self.h0, std=0.1)
+        nn.init.normal_(self.c0, std=0.1)
+
+    def initial_state(self, batch_size: int) -> tuple:
+        shape = (self.num_layers, batch_size, self.hidden_size)
+        return (self.h0.unsqueeze(1).expand(shape), self.c0.unsqueeze(1).expand(shape))
+
+    def forward(self, x: Tensor, state: tuple) -> tuple[Tensor, tuple]:
+        h_prev, c_prev = state
+        hs, cs = [], []
+        for layer, cell in enumerate(self.cells):
+            h, c = cell(x, (h_prev[layer], c_prev[layer]))
+            hs.append(h)
+            cs.append(c)
+            x = h
+        return x, (torch.stack(hs), torch.stack(cs))
+
+
+class FeedForwardController(nn.Module):
+    """Stacked tanh layers; its state is empty, so the NTM's only memory is the external one."""
+
+    def __init__(self, input_size: int, hidden_size: int, num_layers: int, **factory) -> None:
+        super().__init__()
+        self.hidden_size = hidden_size
+        self.num_layers = num_layers
+        self.layers = nn.ModuleList(
+            nn.Linear(input_size if i == 0 else hidden_size, hidden_size, **factory)
+            for i in range(num_layers)
+        )
+
+    def reset_parameters(self) -> None:
+        for layer in self.layers:
+            layer.reset_parameters()
+
+    def initial_state(self, batch_size: int) -> tuple:
+        return ()
+
+    def forward(self, x: Tensor, state: tuple) -> tuple[Tensor, tuple]:
+        for layer in self.layers:
+            x = torch.tanh(layer(x))
+        return x, ()
+
+
+CONTROLLERS: dict[str, type[nn.Module]] = {
+    "lstm": LSTMController,
+    "feedforward": FeedForwardController,
+}
+
+
+def _choice(kind: str, value: str, valid) -> str:
+    if value not in valid:
+        raise ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(sorted(valid))}")
+    return value
+
+
+class HeadParameters(NamedTuple):
+    """Activated addressing parameters of all heads of one kind (paper's symbols)."""
+
+    key: Tensor  # k, (B, H, M), tanh
+    beta: Tensor  # beta, (B, H, 1), softplus
+    gate: Tensor  # g, (B, H, 1), sigmoid
+    shift: Tensor  # s, (B, H, 2R+1), softmax
+    gamma: Tensor  # gamma, (B, H, 1), 1 + softplus
+    erase: Tensor | None  # e, (B, H, M), sigmoid (write heads only)
+    add: Tensor | None  # a, (B, H, M), tanh (write heads only)
+
+
+def _head_fields(width: int, shifts: int, write: bool) -> list[int]:
+    """Sizes of the fields one head emits: key, beta, gate, shift, gamma[, erase, add]."""
+    fields = [width, 1, 1, shifts, 1]
+    return fields + [width, width] if write else fields
+
+
+def _activate(raw: Tensor, fields: list[int]) -> HeadParameters:
+    """Split ``[B, H, sum(fields)]`` raw parameters into named fields and apply activations."""
+    parts = torch.split(raw, fields, dim=-1)
+    key, beta, gate, shift, gamma = parts[:5]
+    erase = add = None
+    if len(parts) == 7:
+        erase, add = torch.sigmoid(parts[5]), torch.tanh(parts[6])
+    return HeadParameters(
+        key=torch.tanh(key),
+        beta=F.softplus(beta),
+        gate=torch.sigmoid(gate),
+        shift=torch.softmax(shift, dim=-1),
+        gamma=1.0 + F.softplus(gamma),
+        erase=erase,
+        add=add,
+    )
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class _NTMBase(nn.Module):
+    """Parameters, initial state and the one-step update shared by `NTMCell` and `NTM`.
+
+    Both subclasses build exactly these submodules, so their `state_dict`s are interchangeable.
+    """
+
+    def __init__(
+        self,
+        input_size: int,
+        output_size: int,
+        *,
+        controller: str = "lstm",
+        controller_size: int = 100,
+        controller_layers: int = 1,
+        memory_size: int = 128,
+        memory_width: int = 20,
+        read_heads: int = 1,
+        write_heads: int = 1,
+        shift_range: int = 1,
+        memory_init: str = "constant",
+        device=None,
+        dtype=None,
+    ) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.input_size = _positive_int("input_size", input_size)
+        self.output_size = _positive_int("output_size", output_size)
+        self.controller_type = _choice("controller", controller, CONTROLLERS)
+        self.controller_size = _positive_int("controller_size", controller_size)
+        self.controller_layers = _positive_int("controller_layers", controller_layers)
+        self.memory_size = _positive_int("memory_size", memory_size)
+        self.memory_width = _positive_int("memory_width", memory_width)
+        self.read_heads = _positive_int("read_heads", read_heads)
+        self.write_heads = _positive_int("write_heads", write_heads, minimum=0)
+        self.shift_range = _positive_int("shift_range", shift_range, minimum=0)
+        self.memory_init = _choice("memory_init", memory_init, MEMORY_INITS)
+        if 2 * shift_range + 1 > memory_size:
+            raise ValueError(
+                f"shift_range={shift_range} needs 2*shift_range+1 <= memory_size, "
+                f"got memory_size={memory_size}"
+            )
+
+        m, shifts = memory_width, 2 * shift_range + 1
+        self._read_fields = _head_fields(m, shifts, write=False)
+        self._write_fields = _head_fields(m, shifts, write=True)
+        self._read_split = read_heads * sum(self._read_fields)
+        n_params = self._read_split + write_heads * sum(self._write_fields)
+
+        self.controller = CONTROLLERS[controller](
+            input_size + read_heads * m, controller_size, controller_layers, **factory
+        )
+        self.head_params = nn.Linear(controller_size, n_params, **factory)  # all heads at once
+        self.output = nn.Linear(controller_size + read_heads * m, output_size, **factory)
+        # Learned initial read vectors, and the learned logit of row 0 in the initial weightings
+        # (all other rows have logit 0): N-independent, focused on row 0 after initialisation.
+        self.reads0 = nn.Parameter(torch.empty(read_heads, m, **factory))
+        self.read_focus0 = nn.Parameter(torch.empty(read_heads, 1, **factory))
+        self.write_focus0 = nn.Parameter(torch.empty(write_heads, 1, **factory))
+        if memory_init == "learned":
+            self.memory0 = nn.Parameter(torch.empty(m, **factory))  # one row, shared by all rows
+        else:
+            self.register_parameter("memory0", None)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every parameter (called last in ``__init__``)."""
+        self.controller.reset_parameters()
+        self.head_params.reset_parameters()
+        self.output.reset_parameters()
+        nn.init.normal_(self.reads0, std=0.01)
+        # softmax([10, 0, ..., 0]) puts > 99% of the weight on row 0 for N <= 128.
+        nn.init.constant_(self.read_focus0, 10.0)
+        nn.init.constant_(self.write_focus0, 10.0)
+        if self.memory0 is not None:
+            nn.init.constant_(self.memory0, MEMORY_INIT_CONSTANT)
+
+    def extra_repr(self) -> str:
+        return (
+            f"{self.input_size}, {self.output_size}, controller={self.controller_type!r}, "
+            f"controller_size={self.controller_size}, controller_layers={self.controller_layers}, "
+            f"memory_size={self.memory_size}, memory_width={self.memory_width}, "
+            f"read_heads={self.read_heads}, write_heads={self.write_heads}, "
+            f"shift_range={self.shift_range}, memory_init={self.memory_init!r}"
+        )
+
+    def config(self) -> dict:
+        """The constructor arguments (sizes and options) that rebuild this module's shape."""
+        return {
+            "input_size": self.input_size,
+            "output_size": self.output_size,
+            "controller": self.controller_type,
+            "controller_size": self.controller_size,
+            "controller_layers": self.controller_layers,
+            "memory_size": self.memory_size,
+            "memory_width": self.memory_width,
+            "read_heads": self.read_heads,
+            "write_heads": self.write_heads,
+            "shift_range": self.shift_range,
+            "memory_init": self.memory_init,
+        }
+
+    def initial_state(self, batch_size: int, device=None, dtype=None) -> NTMState:
+        """The learned initial state for a batch.
+
+        Args:
+            batch_size: B.
+            device, dtype: default to those of the module's parameters.
+
+        Returns:
+            `NTMState` with memory ``[B, N, M]``, weightings ``[B, H, N]``, reads ``[B, Hr, M]``.
+        """
+        _positive_int("batch_size", batch_size)
+        ref = self.reads0
+        device = ref.device if device is None else device
+        dtype = ref.dtype if dtype is None else dtype
+        b, n, m = batch_size, self.memory_size, self.memory_width
+        if self.memory_init == "constant":
+            memory = torch.full((b, n, m), MEMORY_INIT_CONSTANT, device=device, dtype=dtype)
+        elif self.memory_init == "learned":
+            memory = self.memory0.to(device, dtype).expand(b, n, m)
+        else:  # random: a fresh small memory per sequence
+            bound = 1.0 / math.sqrt(n + m)
+            memory = torch.empty(b, n, m, device=device, dtype=dtype).uniform_(-bound, bound)
+
+        def focus(logit: Tensor) -> Tensor:  # (H, 1) -> (B, H, N)
+            logits = torch.zeros(logit.shape[0], n, device=device, dtype=dtype)
+            logits = torch.cat([logit.to(device, dtype), logits[:, 1:]], dim=1)
+            return torch.softmax(logits, dim=-1).expand(b, -1, -1)
+
+        controller = tuple(t.to(device, dtype) for t in self.controller.initial_state(b))
+        return NTMState(
+            controller=controller,
+            memory=memory,
+            read_weights=focus(self.read_focus0),
+            write_weights=focus(self.write_focus0),
+            reads=self.reads0.to(device, dtype).expand(b, -1, -1),
+        )
+
+    def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
+        if not isinstance(state, NTMState):
+            raise TypeError(f"state must be an NTMState, got {type(state).__name__}")
+        b, n, m = batch_size, self.memory_size, self.memory_width
+        expected = {
+            "memory": (b, n, m),
+            "read_weights": (b, self.read_heads, n),
+            "write_weights": (b, self.write_heads, n),
+            "reads": (b, self.read_heads, m),
+        }
+        for name, shape in expected.items():
+            actual = tuple(getattr(state, name).shape)
+            if actual != shape:
+                raise ValueError(
+                    f"state.{name} has shape {list(actual)}, expected {list(shape)} "
+                    f"(batch {b}, memory {n}x{m}); was the state made for another batch size "
+                    f"or model?"
+                )
+        if state.memory.device != ref.device:
+            raise ValueError(
+                f"state is on {state.memory.device} but the input is on {ref.device}"
+            )
+
+    def _step(self, x: Tensor, state: NTMState, record: bool = False):
+        """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
+        plus a tuple ``(erase, add)`` when ``record``."""
+        b = x.shape[0]
+        ctrl_in = torch.cat([x, state.reads.reshape(b, -1)], dim=-1)
+        h, ctrl = self.controller(ctrl_in, state.controller)
+        raw = self.head_params(h)  # (B, P): every head's parameters at once
+
+        memory, w_write = state.memory, state.write_weights
+        erase = add = None
+        if self.write_heads:
+            wp = _activate(
+                raw[:, self._read_split :].view(b, self.write_heads, -1), self._write_fields
+            )
+            w_write = ntmf.address(
+                memory, w_write, wp.key, wp.beta, wp.gate, wp.shift, wp.gamma
+            )
+            memory = ntmf.write(memory, w_write, wp.erase, wp.add)
+            erase, add = wp.erase, wp.add
+        rp = _activate(raw[:, : self._read_split].view(b, self.read_heads, -1), self._read_fields)
+        w_read = ntmf.address(
+            memory, state.read_weights, rp.key, rp.beta, rp.gate, rp.shift, rp.gamma
+        )
+        reads = ntmf.read(memory, w_read)  # (B, Hr, M)
+        logits = self.output(torch.cat([h, reads.reshape(b, -1)], dim=-1))
+        new_state = NTMState(ctrl, memory, w_read, w_write, reads)
+        if record:
+            return logits, new_state, (erase, add)
+        return logits, new_state
+
+
+class NTMCell(_NTMBase):
+    """One step of a Neural Turing Machine.
+
+    Same constructor arguments as `NTM` (except ``batch_first``) and the same parameter names, so
+    ``cell.load_state_dict(ntm.state_dict())`` steps a model trained as a sequence.
+
+    Example::
+
+        cell = NTMCell(9, 8)
+        state = None
+        for x_t in xs:                      # x_t: (B, 9)
+            logits, state = cell(x_t, state)
+    """
+
+    def forward(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState]:
+        """Args:
+            x: ``[B, input_size]`` input of one step.
+            state: `NTMState` of the previous step, or None for `initial_state`.
+
+        Returns:
+            ``(logits [B, output_size], state)``.
+        """
+        if x.dim() != 2 or x.shape[1] != self.input_size:
+            raise ValueError(
+                f"NTMCell expects input of shape [batch, {self.input_size}], got {list(x.shape)}"
+            )
+        if state is None:
+            state = self.initial_state(x.shape[0], x.device, x.dtype)
+        else:
+            self._check_state(state, x.shape[0], x)
+        return self._step(x, state)
+
+
+class NTM(_NTMBase):
+    """A Neural Turing Machine over sequences, with an `nn.LSTM`-like interface.
+
+    Args:
+        input_size: width of each input step.
+        output_size: width of each output step (logits).
+        controller: ``"lstm"`` or ``"feedforward"``.
+        controller_size: hidden units per controller layer.
+        controller_layers: number of controller layers.
+        memory_size: N, rows of memory.
+        memory_width: M, width of a memory row.
+        read_heads, write_heads: number of heads of each kind.
+        shift_range: R; the heads can shift by -R..+R rows per step (2R+1 <= N).
+        memory_init: ``"constant"`` (1e-6 everywhere), ``"learned"`` (one learned row repeated N
+            times) or ``"random"`` (small uniform noise, drawn anew for each sequence).
+        batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
+        device, dtype: of the parameters.
+
+    Example::
+
+        ntm = NTM(9, 8)
+        logits, state = ntm(x)              # x: (T, B, 9) -> logits (T, B, 8)
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False, **kwargs):
+        super().__init__(input_size, output_size, **kwargs)
+        self.batch_first = bool(batch_first)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", batch_first=True" if self.batch_first else "")
+
+    def config(self) -> dict:
+        return {**super().config(), "batch_first": self.batch_first}
+
+    def _prepare(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
+        layout = "[batch, time, %d]" if self.batch_first else "[time, batch, %d]"
+        if x.dim() != 3 or x.shape[2] != self.input_size:
+            raise ValueError(
+                f"NTM expects input of shape {layout % self.input_size}, got {list(x.shape)}"
+            )
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        if x.shape[0] == 0:
+            raise ValueError("NTM got an input sequence of length 0")
+        if state is None:
+            state = self.initial_state(x.shape[1], x.device, x.dtype)
+        else:
+            self._check_state(state, x.shape[1], x)
+        return x, state
+
+    def _finish(self, outputs: list[Tensor]) -> Tensor:
+        y = torch.stack(outputs)  # (T, B, output_size)
+        return y.transpose(0, 1) if self.batch_first else y
+
+    def forward(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState]:
+        """Args:
+            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``).
+            state: `NTMState` to continue from, or None for `initial_state`.
+
+        Returns:
+            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first) and the state
+            after the last step.
+        """
+        x, state = self._prepare(x, state)
+        outputs = []
+        for x_t in x:
+            y, state = self._step(x_t, state)
+            outputs.append(y)
+        return self._finish(outputs), state
+
+    def trace(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState, NTMTrace]:
+        """Like `forward`, and also records every step's weightings, erase/add vectors and memory.
+
+        Returns:
+            ``(logits, state, NTMTrace)``; the trace's tensors are time-major ``[T, B, ...]``.
+        """
+        x, state = self._prepare(x, state)
+        outputs, rows = [], []
+        for x_t in x:
+            y, state, (erase, add) = self._step(x_t, state, record=True)
+            outputs.append(y)
+            if erase is None:  # no write heads
+                erase = add = state.memory.new_zeros(x.shape[1], 0, self.memory_width)
+            rows.append((state.read_weights, state.write_weights, erase, add, state.memory))
+        trace = NTMTrace(*(torch.stack(col) for col in zip(*rows)))
+        return self._finish(outputs), state, trace
