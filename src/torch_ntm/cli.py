@@ -1,0 +1,191 @@
+"""The ``ntm`` command line: train, evaluate, plot and benchmark.
+
+User mistakes (unknown options or config keys, bad values, unusable checkpoints) end in one line
+``ntm: error: ...`` and exit status 2, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+__all__ = ["main"]
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
+    return values
+
+
+def _parser() -> argparse.ArgumentParser:
+    from torch_ntm.tasks import TASKS
+
+    parser = argparse.ArgumentParser(
+        prog="ntm", description="Neural Turing Machines: train, evaluate, plot, benchmark.")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("train", help="train a model on a task")
+    p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
+                   help=f"one of: {', '.join(sorted(TASKS))}")
+    p.add_argument("--preset", default=None, help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable); task.KEY for task parameters")
+    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TASK)")
+    p.add_argument("--seed", type=int, default=None)
+    p.add_argument("--resume", type=Path, default=None, metavar="DIR",
+                   help="continue the run in DIR exactly where its checkpoint left off")
+    p.add_argument("--no-plots", action="store_true", help="skip figures after training")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+    p = sub.add_parser("evaluate", help="evaluate a run or checkpoint at several sizes")
+    p.add_argument("checkpoint", type=Path, metavar="RUN_OR_CHECKPOINT")
+    p.add_argument("--lengths", type=_int_list, default=None, metavar="L1,L2,...",
+                   help="task sizes (copy: sequence lengths; recall: items); default per task")
+    p.add_argument("--memory-size", type=int, default=None, metavar="N",
+                   help="rebuild the NTM with N memory rows (weights unchanged)")
+    p.add_argument("--sequences", type=int, default=100, help="sequences per size")
+    p.add_argument("--json", action="store_true", help="print JSON instead of a table")
+
+    p = sub.add_parser("plot", help="write figures of a run or checkpoint")
+    p.add_argument("checkpoint", type=Path, metavar="RUN_OR_CHECKPOINT")
+    p.add_argument("--length", type=int, default=None, help="task size of the example sequence")
+    p.add_argument("--memory-size", type=int, default=None, metavar="N")
+    p.add_argument("--out", type=Path, default=None, help="folder (default RUN/figures)")
+
+    p = sub.add_parser("bench", help="training and inference throughput, fast vs eager")
+    p.add_argument("--batch-size", type=_int_list, default=None, metavar="B1,B2,...")
+    p.add_argument("--seq-len", type=int, default=20)
+    p.add_argument("--memory-size", type=_int_list, default=None, metavar="N1,N2,...")
+    p.add_argument("--steps", type=int, default=None, help="timed training steps per config")
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--json", action="store_true")
+    return parser
+
+
+def _cmd_train(args) -> int:
+    import dataclasses
+
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.config import ConfigError, apply_overrides, resolve_config
+    from torch_ntm.train import train
+
+    if args.resume is not None:
+        ckpt = load_checkpoint(args.resume)
+        if ckpt.config.task != args.task:
+            raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
+        config = apply_overrides(ckpt.config, args.overrides)
+        frozen = [f.name for f in dataclasses.fields(config)
+                  if f.name not in _RESUMABLE and getattr(config, f.name) != getattr(ckpt.config, f.name)]
+        if frozen:
+            raise ConfigError(f"--resume cannot change {', '.join(frozen)}; only "
+                              f"{', '.join(sorted(_RESUMABLE))} may be changed when resuming")
+        run_dir = args.resume
+    else:
+        config = resolve_config(args.task, args.preset, args.overrides, args.seed)
+        run_dir = args.out or Path("runs") / args.task
+    print(f"run directory: {run_dir}")
+    print(f"config: {config.to_json()}")
+    started = time.perf_counter()
+    result = train(config, run_dir, resume=args.resume is not None,
+                   progress=False if args.no_progress else None)
+    wall = time.perf_counter() - started
+    status = "converged" if result.converged else "stopped (budget)"
+    print(f"{status} after {result.sequences} sequences, {result.step} steps, "
+          f"{wall:.1f} s wall this session ({result.elapsed_s:.1f} s training in total)")
+    print("validation: " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+    _print_generalisation(run_dir)
+    if not args.no_plots:
+        from torch_ntm.plot import plot_run
+
+        paths = plot_run(run_dir)
+        print(f"figures: {', '.join(str(p) for p in paths)}")
+    return 0
+
+
+# Keys that do not change the model or the data, so a run may be resumed with new values.
+_RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_bit_errors",
+              "patience_evals", "threads", "device"}
+
+
+def _print_generalisation(run_dir: Path) -> None:
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.evaluate import evaluate_sizes, format_table
+
+    ckpt = load_checkpoint(run_dir)
+    task = ckpt.task()
+    rows = evaluate_sizes(ckpt.model(), task, task.eval_sizes)
+    print(f"generalisation ({task.size_name}, trained up to {task.train_size}):")
+    print(format_table(rows))
+
+
+def _cmd_evaluate(args) -> int:
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.evaluate import evaluate_sizes, format_table
+
+    ckpt = load_checkpoint(args.checkpoint)
+    overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
+    model = ckpt.model(**overrides)
+    task = ckpt.task()
+    sizes = args.lengths or list(task.eval_sizes)
+    rows = evaluate_sizes(model, task, sizes, num_sequences=args.sequences)
+    if args.json:
+        print(json.dumps(rows, indent=2))
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def _cmd_plot(args) -> int:
+    from torch_ntm.plot import plot_run
+
+    paths = plot_run(args.checkpoint, out_dir=args.out, size=args.length,
+                     memory_size=args.memory_size)
+    for path in paths:
+        print(path)
+    return 0
+
+
+def _cmd_bench(args) -> int:
+    from torch_ntm.bench import format_table, run_bench
+
+    kwargs = {"seq_len": args.seq_len, "device": args.device}
+    if args.batch_size:
+        kwargs["batch_sizes"] = tuple(args.batch_size)
+    if args.memory_size:
+        kwargs["memory_sizes"] = tuple(args.memory_size)
+    if args.steps:
+        kwargs["steps"] = args.steps
+    records = run_bench(**kwargs)
+    print(json.dumps(records, indent=2) if args.json else format_table(records))
+    return 0
+
+
+_COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
+             "bench": _cmd_bench}
+
+
+def main(argv: list[str] | None = None) -> int:
+    from torch_ntm.checkpoint import CheckpointError
+    from torch_ntm.config import ConfigError
+
+    args = _parser().parse_args(argv)
+    try:
+        return _COMMANDS[args.command](args)
+    except (ConfigError, CheckpointError) as e:
+        print(f"ntm: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("ntm: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,86 @@
+"""Evaluation: the paper's metrics on fixed, seeded sets of sequences, at any task size."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from torch_ntm.metrics import bit_errors, cost_bits
+
+__all__ = ["evaluate_batches", "evaluate_sizes", "format_table"]
+
+EVAL_SEED = 2014  # evaluation sets are drawn from their own generator, never the training one
+
+
+@torch.no_grad()
+def evaluate_batches(model: nn.Module, batches) -> dict:
+    """Mean cost (bits/sequence), bit errors/sequence and fraction of perfect sequences.
+
+    Args:
+        model: maps time-major inputs ``[T, B, I]`` to ``(logits [T, B, O], state)``.
+        batches: iterable of `torch_ntm.tasks.Batch` (time-major), with an optional ``task`` to
+            report the task's reference cost beside the model's.
+    """
+    was_training = model.training
+    model.eval()
+    costs, errors, refs = [], [], []
+    device = next(model.parameters()).device
+    for batch, task in batches:
+        inputs, targets, mask = (t.to(device) for t in batch)
+        logits, _ = model(inputs)
+        costs.append(cost_bits(logits, targets, mask).cpu())
+        errors.append(bit_errors(logits, targets, mask).cpu())
+        ref = task.reference_cost(batch) if task is not None else None
+        if ref is not None:
+            refs.append(ref.cpu())
+    model.train(was_training)
+    cost, err = torch.cat(costs), torch.cat(errors)
+    out = {
+        "sequences": int(cost.numel()),
+        "cost_bits": float(cost.mean()),
+        "bit_errors": float(err.mean()),
+        "perfect": float((err == 0).float().mean()),
+    }
+    if refs:
+        out["reference_cost_bits"] = float(torch.cat(refs).mean())
+    return out
+
+
+def fixed_batches(task, num_sequences: int, batch_size: int, seed: int = EVAL_SEED) -> list:
+    """``num_sequences`` sequences from ``task`` in batches, the same for the same seed."""
+    generator = torch.Generator().manual_seed(seed)
+    batches, left = [], num_sequences
+    while left > 0:
+        n = min(batch_size, left)
+        batches.append((task.sample(n, generator=generator), task))
+        left -= n
+    return batches
+
+
+def evaluate_sizes(model: nn.Module, task, sizes, num_sequences: int = 100,
+                   batch_size: int = 50, seed: int = EVAL_SEED) -> list[dict]:
+    """Evaluate at each task size (e.g. copy lengths); one row per size."""
+    rows = []
+    for size in sizes:
+        sized = task.with_size(int(size))
+        row = evaluate_batches(model, fixed_batches(sized, num_sequences, batch_size, seed))
+        rows.append({task.size_name: int(size), **row})
+    return rows
+
+
+def format_table(rows: list[dict]) -> str:
+    """A plain-text table of `evaluate_sizes` rows."""
+    if not rows:
+        return ""
+    keys = list(rows[0])
+    cells = [[_fmt(row.get(k)) for k in keys] for row in rows]
+    widths = [max(len(k), *(len(c[i]) for c in cells)) for i, k in enumerate(keys)]
+    lines = ["  ".join(k.rjust(w) for k, w in zip(keys, widths))]
+    lines += ["  ".join(c.rjust(w) for c, w in zip(row, widths)) for row in cells]
+    return "\n".join(lines)
+
+
+def _fmt(value) -> str:
+    if isinstance(value, float):
+        return f"{value:.4g}" if abs(value) >= 1e-3 or value == 0 else f"{value:.2e}"
+    return str(value)

@@ -1,0 +1,200 @@
+"""Figures of a trained run: what goes in and out, where the heads look, memory, learning curves.
+
+`plot_run` writes PNG files (matplotlib's Agg backend, no display needed):
+
+- ``io.png``: input, target and output (sigmoid of the logits) of one sequence;
+- ``attention.png``: write and read weightings over time (rows the heads visit);
+- ``memory.png``: the memory contents at several moments of that sequence;
+- ``learning_curve.png``: training and validation cost and bit errors against sequences seen;
+- ``generalisation.png``: bit errors and perfect sequences against task size.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+from pathlib import Path
+
+import torch
+
+__all__ = ["plot_run"]
+
+
+def _pyplot():
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _visited_rows(weights: torch.Tensor, margin: int = 2, threshold: float = 1e-2) -> torch.Tensor:
+    """Indices of the memory rows that receive noticeable weight, as one circular block.
+
+    Heads move circularly, so the visited rows may wrap from N-1 to 0; the block starts after the
+    longest circular run of unvisited rows. ``weights``: ``[T, N]``; returns row indices in order.
+    """
+    n = weights.shape[1]
+    visited = (weights > threshold).any(0).tolist()
+    if not any(visited) or all(visited):
+        return torch.arange(n)
+    # The longest circular run of unvisited rows, found on the doubled sequence.
+    best_len = best_end = run = 0
+    for i, hit in enumerate(visited + visited):
+        run = 0 if hit else run + 1
+        if run > best_len:
+            best_len, best_end = min(run, n), i
+    start = (best_end + 1) % n  # first visited row after the gap
+    count = n - best_len
+    lo = max(0, min(margin, best_len // 2))
+    length = min(n, count + 2 * lo)
+    return (torch.arange(length) + start - lo) % n
+
+
+def _row_axis(ax, rows: torch.Tensor) -> None:
+    """Label the y axis with real memory-row indices (rows may wrap around)."""
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+
+    labels = rows.tolist()
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    ax.yaxis.set_major_formatter(
+        FuncFormatter(lambda v, _: str(labels[int(v)]) if 0 <= int(v) < len(labels) else ""))
+    ax.set_ylabel("memory row")
+
+
+def _save(fig, path: Path) -> Path:
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+    return path
+
+
+def plot_io(inputs, targets, outputs, mask, path: Path) -> Path:
+    """Input, target and output of one sequence (time on the x axis)."""
+    plt = _pyplot()
+    fig, axes = plt.subplots(3, 1, figsize=(10, 6), sharex=True, layout="constrained")
+    masked_out = outputs * mask[:, None]
+    for ax, data, title in zip(axes, (inputs, targets, masked_out),
+                               ("input", "target", "output (where scored)")):
+        ax.imshow(data.T, aspect="auto", cmap="gray_r", vmin=0, vmax=1, interpolation="nearest")
+        ax.set_ylabel("channel")
+        ax.set_title(title, fontsize=10)
+    axes[-1].set_xlabel("time step")
+    return _save(fig, path)
+
+
+def plot_attention(trace, path: Path) -> Path:
+    """Write and read weightings of the first head of each kind over time."""
+    plt = _pyplot()
+    w_write, w_read = trace.write_weights[:, 0], trace.read_weights[:, 0]  # (T, Hw|Hr, N)
+    panels = [("write weighting", w_write[:, 0])] if w_write.shape[1] else []
+    panels += [(f"read weighting (head {h})", w_read[:, h]) for h in range(w_read.shape[1])]
+    rows = _visited_rows(torch.cat([w for _, w in panels]))
+    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5), squeeze=False,
+                             layout="constrained")
+    for ax, (title, w) in zip(axes[0], panels):
+        im = ax.imshow(w[:, rows].T, aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                       origin="lower", interpolation="nearest")
+        ax.set_title(title, fontsize=10)
+        ax.set_xlabel("time step")
+        _row_axis(ax, rows)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="weight")
+    return _save(fig, path)
+
+
+def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
+    """Memory rows in use at ``snapshots`` evenly spaced time steps."""
+    plt = _pyplot()
+    memory = trace.memory[:, 0]  # (T, N, M)
+    weights = trace.write_weights[:, 0, 0] if trace.write_weights.shape[2] else trace.read_weights[:, 0, 0]
+    rows = _visited_rows(weights)
+    steps = sorted({round(i * (memory.shape[0] - 1) / (snapshots - 1)) for i in range(snapshots)})
+    lim = float(memory[:, rows].abs().max()) or 1.0
+    fig, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 4.5), squeeze=False,
+                             layout="constrained")
+    for ax, t in zip(axes[0], steps):
+        im = ax.imshow(memory[t, rows], aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
+                       origin="lower", interpolation="nearest")
+        ax.set_title(f"memory after step {t}", fontsize=10)
+        ax.set_xlabel("column")
+        _row_axis(ax, rows)
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="value")
+    return _save(fig, path)
+
+
+def plot_learning_curve(metrics_csv: Path, path: Path) -> Path | None:
+    if not metrics_csv.exists():
+        return None
+    with open(metrics_csv, newline="") as f:
+        rows = list(csv.DictReader(f))
+    if not rows:
+        return None
+    plt = _pyplot()
+    fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
+    for split, style in (("train", "-"), ("val", "o-")):
+        part = [r for r in rows if r["split"] == split and r["cost_bits"]]
+        seqs = [int(r["sequences"]) for r in part]
+        for ax, key in zip(axes, ("cost_bits", "bit_errors")):
+            ax.plot(seqs, [float(r[key]) for r in part], style, label=split, markersize=3)
+    for ax, label in zip(axes, ("cost (bits per sequence)", "bit errors per sequence")):
+        ax.set_xlabel("sequences seen")
+        ax.set_ylabel(label)
+        ax.set_yscale("symlog", linthresh=0.1)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    return _save(fig, path)
+
+
+def plot_generalisation(rows: list[dict], size_name: str, train_size: int, path: Path) -> Path:
+    plt = _pyplot()
+    sizes = [r[size_name] for r in rows]
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    ax.plot(sizes, [r["bit_errors"] for r in rows], "o-", label="bit errors per sequence")
+    ax2 = ax.twinx()
+    ax2.plot(sizes, [r["perfect"] for r in rows], "s--", color="tab:green",
+             label="perfect sequences (fraction)")
+    ax2.set_ylim(-0.05, 1.05)
+    ax.axvline(train_size, color="gray", linestyle=":", label=f"largest training {size_name}")
+    ax.set_xlabel(size_name)
+    ax.set_ylabel("bit errors per sequence")
+    ax2.set_ylabel("perfect fraction")
+    lines = ax.get_legend_handles_labels()
+    lines2 = ax2.get_legend_handles_labels()
+    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
+@torch.no_grad()
+def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
+             size: int | None = None, memory_size: int | None = None, seed: int = 0) -> list[Path]:
+    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``)."""
+    from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
+    from torch_ntm.evaluate import evaluate_sizes
+    from torch_ntm.model import NTM
+
+    json_path = find_checkpoint(run_or_checkpoint)
+    ckpt = load_checkpoint(json_path)
+    out = Path(out_dir) if out_dir is not None else json_path.parent / "figures"
+    out.mkdir(parents=True, exist_ok=True)
+    overrides = {} if memory_size is None else {"memory_size": memory_size}
+    model = ckpt.model(**overrides).eval()
+    task = ckpt.task()
+    example_task = task.with_size(size or task.train_size)
+    batch = example_task.sample(1, generator=torch.Generator().manual_seed(seed))
+    paths = []
+    if isinstance(model, NTM):
+        logits, _, trace = model.trace(batch.inputs)
+        paths.append(plot_attention(trace, out / "attention.png"))
+        paths.append(plot_memory(trace, out / "memory.png"))
+    else:
+        logits, _ = model(batch.inputs)
+    paths.insert(0, plot_io(batch.inputs[:, 0], batch.targets[:, 0],
+                            torch.sigmoid(logits[:, 0]), batch.mask[:, 0].float(), out / "io.png"))
+    curve = plot_learning_curve(json_path.parent / "metrics.csv", out / "learning_curve.png")
+    if curve is not None:
+        paths.append(curve)
+    rows = evaluate_sizes(model, task, task.eval_sizes, num_sequences=50)
+    paths.append(plot_generalisation(rows, task.size_name, task.train_size,
+                                     out / "generalisation.png"))
+    return paths

@@ -1,0 +1,202 @@
+"""The training loop: one straight line from a `TrainConfig` to a run directory.
+
+A run directory holds the checkpoint (see `torch_ntm.checkpoint`), ``config.json`` (the resolved
+config), ``metrics.csv`` (training rows every ``log_every`` steps, validation rows every
+``eval_every``) and TensorBoard event files under ``tb/``. ``train(..., resume=True)`` continues a
+run exactly: model, optimizer, RNG states and counters are restored, so N steps equal N/2 steps, a
+resume, and N/2 more, bit for bit on the CPU.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from torch_ntm.checkpoint import (
+    CheckpointError,
+    build_model,
+    build_task,
+    load_checkpoint,
+    save_checkpoint,
+)
+from torch_ntm.config import ConfigError, TrainConfig
+from torch_ntm.evaluate import evaluate_batches, fixed_batches
+from torch_ntm.metrics import bit_errors, masked_bce
+
+__all__ = ["train", "TrainResult", "make_optimizer"]
+
+CSV_FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    converged: bool
+    step: int
+    sequences: int
+    elapsed_s: float
+    metrics: dict  # last validation
+    nan_steps: int
+
+
+def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    if config.optimizer == "rmsprop":
+        return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
+                                   momentum=config.momentum)
+    if config.optimizer == "adam":
+        return torch.optim.Adam(params, lr=config.lr)
+    raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
+
+
+def _clip(config: TrainConfig, params) -> None:
+    if config.clip_value > 0:
+        nn.utils.clip_grad_value_(params, config.clip_value)
+    if config.clip_norm > 0:
+        nn.utils.clip_grad_norm_(params, config.clip_norm)
+
+
+class _MetricsLog:
+    """metrics.csv (appended; rows after a resumed step are dropped) and TensorBoard."""
+
+    def __init__(self, run_dir: Path, resume_step: int | None):
+        self.path = run_dir / "metrics.csv"
+        rows = []
+        if resume_step is not None and self.path.exists():
+            with open(self.path, newline="") as f:
+                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
+        with open(self.path, "w", newline="") as f:
+            writer = csv.DictWriter(f, CSV_FIELDS)
+            writer.writeheader()
+            writer.writerows(rows)
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step)
+        except ImportError:  # TensorBoard is optional at run time; CSV always works
+            pass
+
+    def write(self, step: int, sequences: int, elapsed: float, split: str, values: dict):
+        row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
+               "split": split, **{k: f"{values[k]:.6g}" for k in CSV_FIELDS[4:] if k in values}}
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, CSV_FIELDS).writerow(row)
+        if self.tb is not None:
+            for key in CSV_FIELDS[4:]:
+                if key in values:
+                    self.tb.add_scalar(f"{split}/{key}", values[key], sequences)
+
+    def close(self):
+        if self.tb is not None:
+            self.tb.close()
+
+
+def _progress(total: int, initial: int, enabled: bool | None):
+    from tqdm.auto import tqdm
+
+    return tqdm(total=total, initial=initial, unit="seq", disable=None if enabled is None
+                else not enabled, dynamic_ncols=True, smoothing=0.1)
+
+
+def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
+          progress: bool | None = None, log=print) -> TrainResult:
+    """Train ``config`` into ``run_dir`` (or continue the run there when ``resume``).
+
+    Stops when validation bit errors per sequence stay <= ``config.stop_bit_errors`` for
+    ``config.patience_evals`` validations, or when ``max_sequences``/``max_seconds`` is spent.
+    """
+    run_dir = Path(run_dir)
+    torch.set_num_threads(config.threads)
+    torch.manual_seed(config.seed)
+    data_gen = torch.Generator().manual_seed(config.seed)
+    task = build_task(config)
+    device = torch.device(config.device)
+    model = build_model(config, task, device=device)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = make_optimizer(config, params)
+
+    step = sequences = nan_steps = streak = 0
+    elapsed = 0.0
+    last_val: dict = {}
+    if resume:
+        ckpt = load_checkpoint(run_dir)
+        ckpt.load_weights_into(model)
+        ckpt.restore_train_state(optimizer, data_gen)
+        step, sequences, elapsed = ckpt.step, ckpt.sequences, ckpt.elapsed_s
+        last_val = ckpt.metrics
+        nan_steps = int(ckpt.extra.get("nan_steps", 0))
+        streak = int(ckpt.extra.get("streak", 0))
+    else:
+        run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.json").write_text(config.to_json() + "\n")
+
+    val_batches = fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
+    log_file = _MetricsLog(run_dir, step if resume else None)
+
+    def checkpoint():
+        save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
+                        sequences=sequences, elapsed_s=elapsed, metrics=last_val,
+                        extra={"nan_steps": nan_steps, "streak": streak})
+
+    bar = _progress(config.max_sequences, sequences, progress)
+    converged = streak >= config.patience_evals and config.stop_bit_errors >= 0
+    val_step = step if resume else -1
+    run_cost = run_err = 0.0
+    run_n = 0
+    start = time.perf_counter() - elapsed
+    model.train()
+    try:
+        while not converged and sequences < config.max_sequences:
+            if config.max_seconds and time.perf_counter() - start >= config.max_seconds:
+                break
+            inputs, targets, mask = (t.to(device) for t in task.sample(config.batch_size, data_gen))
+            logits, _ = model(inputs)
+            per_seq = masked_bce(logits, targets, mask)
+            loss = per_seq.mean()
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            if not math.isfinite(loss.item()):
+                nan_steps += 1  # skip the update: one bad batch must not destroy the model
+            else:
+                _clip(config, params)
+                optimizer.step()
+            step += 1
+            sequences += config.batch_size
+            bar.update(config.batch_size)
+            with torch.no_grad():
+                run_cost += float(per_seq.sum()) / math.log(2)
+                run_err += float(bit_errors(logits, targets, mask).sum())
+                run_n += config.batch_size
+
+            if step % config.log_every == 0:
+                elapsed = time.perf_counter() - start
+                values = {"cost_bits": run_cost / run_n, "bit_errors": run_err / run_n}
+                log_file.write(step, sequences, elapsed, "train", values)
+                bar.set_postfix(cost=f"{values['cost_bits']:.3g}",
+                                bit_err=f"{values['bit_errors']:.3g}", refresh=False)
+                run_cost = run_err = 0.0
+                run_n = 0
+            if step % config.eval_every == 0:
+                elapsed = time.perf_counter() - start
+                last_val, val_step = evaluate_batches(model, val_batches), step
+                log_file.write(step, sequences, elapsed, "val", last_val)
+                met = 0 <= config.stop_bit_errors and last_val["bit_errors"] <= config.stop_bit_errors
+                streak = streak + 1 if met else 0
+                converged = streak >= config.patience_evals
+                checkpoint()
+        elapsed = time.perf_counter() - start
+        if val_step != step:  # stopped between validations: validate and save the final state
+            last_val = evaluate_batches(model, val_batches)
+            log_file.write(step, sequences, elapsed, "val", last_val)
+            checkpoint()
+    finally:
+        bar.close()
+        log_file.close()
+    return TrainResult(run_dir, converged, step, sequences, elapsed, last_val, nan_steps)
