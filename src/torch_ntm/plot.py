@@ -76,7 +76,7 @@ def plot_io(inputs, targets, outputs, mask, path: Path) -> Path:
     masked_out = outputs * mask[:, None]
     for ax, data, title in zip(axes, (inputs, targets, masked_out),
                                ("input", "target", "output (where scored)")):
-        ax.imshow(data.T, aspect="auto", cmap="gray_r", vmin=0, vmax=1, interpolation="nearest")
+        ax.imshow(data.T.cpu().numpy(), aspect="auto", cmap="gray_r", vmin=0, vmax=1, interpolation="nearest")
         ax.set_ylabel("channel")
         ax.set_title(title, fontsize=10)
     axes[-1].set_xlabel("time step")
@@ -93,7 +93,7 @@ def plot_attention(trace, path: Path) -> Path:
     fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5), squeeze=False,
                              layout="constrained")
     for ax, (title, w) in zip(axes[0], panels):
-        im = ax.imshow(w[:, rows].T, aspect="auto", cmap="viridis", vmin=0, vmax=1,
+        im = ax.imshow(w[:, rows].T.cpu().numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1,
                        origin="lower", interpolation="nearest")
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("time step")
@@ -113,7 +113,7 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
     fig, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 4.5), squeeze=False,
                              layout="constrained")
     for ax, t in zip(axes[0], steps):
-        im = ax.imshow(memory[t, rows], aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
+        im = ax.imshow(memory[t, rows].cpu().numpy(), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
                        origin="lower", interpolation="nearest")
         ax.set_title(f"memory after step {t}", fontsize=10)
         ax.set_xlabel("column")

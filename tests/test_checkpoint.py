@@ -1,0 +1,146 @@
+"""Checkpoints: round trip, exact resume, and clear errors for corrupt or foreign files."""
+
+import json
+
+import pytest
+import torch
+
+from torch_ntm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from torch_ntm.config import resolve_config
+from torch_ntm.train import train
+
+TINY = ["task.max_length=3", "task.width=4", "memory_size=8", "memory_width=4",
+        "controller_size=8", "log_every=2", "eval_sequences=16"]
+
+
+def tiny_config(*extra, seed=0):
+    return resolve_config("copy", overrides=[*TINY, *extra], seed=seed)
+
+
+def params_of(model):
+    return {k: v.clone() for k, v in model.state_dict().items()}
+
+
+def test_round_trip_restores_identical_outputs(tmp_path):
+    config = tiny_config("max_sequences=32", "eval_every=2")
+    train(config, tmp_path / "run", progress=False)
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert ckpt.config == config and ckpt.step == 2 and ckpt.sequences == 32
+    model = ckpt.model()
+    again = load_checkpoint(tmp_path / "run" / "checkpoint.json").model()
+    x = torch.rand(7, 3, model.input_size)
+    assert torch.equal(model(x)[0], again(x)[0])
+    assert {p.name for p in (tmp_path / "run").glob("*.safetensors")} == {
+        "weights-00000002.safetensors", "train-state-00000002.safetensors"}
+    assert not list((tmp_path / "run").glob("*.tmp"))  # no temporary file left behind
+
+
+@pytest.mark.parametrize("preset_args", [
+    ["optimizer=adam"],
+    ["optimizer=rmsprop", "clip_value=10", "memory_init=random"],
+])
+def test_resume_is_bit_identical(tmp_path, preset_args):
+    steps = 8
+    config = tiny_config(*preset_args, "batch_size=4", f"max_sequences={4 * steps}", "eval_every=2")
+    full = train(config, tmp_path / "full", progress=False)
+
+    half = tiny_config(*preset_args, "batch_size=4", f"max_sequences={4 * steps // 2}",
+                       "eval_every=2")
+    train(half, tmp_path / "split", progress=False)
+    # Resuming with a larger budget: the budget is one of the keys a resume may change.
+    train(config, tmp_path / "split", resume=True, progress=False)
+
+    a = load_checkpoint(tmp_path / "full")
+    b = load_checkpoint(tmp_path / "split")
+    assert a.step == b.step == steps
+    for key, value in a.state_dict.items():
+        assert torch.equal(value, b.state_dict[key]), key
+    assert a.metrics == b.metrics
+    # The resumed run's metrics log equals the uninterrupted one's (but for wall-clock times).
+    assert _rows_without_time(tmp_path / "split") == _rows_without_time(tmp_path / "full")
+
+
+def _rows_without_time(run):
+    rows = (run / "metrics.csv").read_text().splitlines()
+    return [r.split(",")[:2] + r.split(",")[3:] for r in rows]
+
+
+def test_resume_continues_from_the_saved_step_not_from_scratch(tmp_path):
+    config = tiny_config("max_sequences=64", "eval_every=2")
+    train(tiny_config("max_sequences=32", "eval_every=2"), tmp_path / "run", progress=False)
+    result = train(config, tmp_path / "run", resume=True, progress=False)
+    assert result.step == 4 and result.sequences == 64
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    train(tiny_config("max_sequences=16", "eval_every=1"), tmp_path / "run", progress=False)
+    return tmp_path / "run"
+
+
+def test_corrupt_weights_give_a_clear_error_naming_the_file(run_dir):
+    weights = next(run_dir.glob("weights-*.safetensors"))
+    data = bytearray(weights.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    weights.write_bytes(bytes(data))
+    with pytest.raises(CheckpointError, match=rf"{weights.name}: file is corrupt or was modified"):
+        load_checkpoint(run_dir)
+
+
+def test_truncated_weights_without_hash_are_reported_as_invalid_safetensors(run_dir):
+    record = json.loads((run_dir / "checkpoint.json").read_text())
+    record["weights_sha256"] = None
+    (run_dir / "checkpoint.json").write_text(json.dumps(record))
+    weights = run_dir / record["weights"]
+    weights.write_bytes(weights.read_bytes()[:40])
+    with pytest.raises(CheckpointError, match="not a valid safetensors file"):
+        load_checkpoint(run_dir)
+
+
+def test_bad_json_and_foreign_json_and_missing_run(run_dir, tmp_path):
+    (run_dir / "checkpoint.json").write_text("{ not json")
+    with pytest.raises(CheckpointError, match="checkpoint.json: not a readable checkpoint JSON"):
+        load_checkpoint(run_dir)
+    (run_dir / "checkpoint.json").write_text(json.dumps({"hello": 1}))
+    with pytest.raises(CheckpointError, match="not a torch-ntm checkpoint"):
+        load_checkpoint(run_dir)
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_checkpoint(tmp_path / "nowhere")
+
+
+def test_weights_from_another_configuration_are_rejected(run_dir, tmp_path):
+    other = tiny_config("controller_size=12")
+    ckpt = load_checkpoint(run_dir)
+    from torch_ntm.checkpoint import build_model
+
+    model = build_model(other, ckpt.task())
+    save_checkpoint(tmp_path / "other", ckpt.config, model)  # record says size 8, weights are 12
+    with pytest.raises(CheckpointError, match="weights do not fit this model configuration"):
+        load_checkpoint(tmp_path / "other").model()
+
+
+def test_memory_size_override_loads_the_same_weights(run_dir):
+    ckpt = load_checkpoint(run_dir)
+    big = ckpt.model(memory_size=64)
+    assert big.memory_size == 64
+    small = ckpt.model()
+    for key, value in small.state_dict().items():
+        assert torch.equal(value, big.state_dict()[key])
+
+
+def test_a_failed_write_leaves_the_previous_checkpoint_intact(run_dir, monkeypatch):
+    before = (run_dir / "checkpoint.json").read_text()
+    ckpt = load_checkpoint(run_dir)
+    model = ckpt.model()
+
+    import torch_ntm.checkpoint as module
+
+    def exploding_save(tensors):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(module, "st_save", exploding_save)
+    with pytest.raises(OSError, match="disk full"):
+        save_checkpoint(run_dir, ckpt.config, model, step=99)
+    assert (run_dir / "checkpoint.json").read_text() == before
+    assert load_checkpoint(run_dir).step == ckpt.step
+    assert not list(run_dir.glob("*.tmp"))

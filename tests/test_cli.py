@@ -1,0 +1,105 @@
+"""The ``ntm`` command line: train, evaluate, plot, and one-line errors for user mistakes."""
+
+import json
+
+import pytest
+
+from torch_ntm.cli import main
+
+TINY = ["--set", "task.max_length=3", "--set", "task.width=4", "--set", "memory_size=8",
+        "--set", "memory_width=4", "--set", "controller_size=8", "--set", "eval_sequences=16",
+        "--set", "max_sequences=32", "--set", "eval_every=1", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    run = tmp_path_factory.mktemp("cli") / "run"
+    assert main(["train", "copy", "--out", str(run), "--no-plots", *TINY]) == 0
+    return run
+
+
+def test_train_writes_a_complete_run_directory(trained, capsys):
+    names = {p.name for p in trained.iterdir()}
+    assert {"checkpoint.json", "config.json", "metrics.csv", "tb"} <= names
+    config = json.loads((trained / "config.json").read_text())
+    assert config["task_params"] == {"max_length": 3, "width": 4}
+    header, *rows = (trained / "metrics.csv").read_text().splitlines()
+    assert header.startswith("step,sequences,elapsed_s,split")
+    assert any(",val," in r for r in rows)
+
+
+def test_evaluate_json_reports_each_size(trained, capsys):
+    assert main(["evaluate", str(trained), "--lengths", "2,5", "--sequences", "8", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["length"] for r in rows] == [2, 5]
+    for r in rows:
+        assert r["sequences"] == 8
+        assert 0 <= r["perfect"] <= 1 and r["bit_errors"] >= 0 and r["cost_bits"] > 0
+    # Longer sequences hold more bits to get wrong: an untrained model's cost grows with length.
+    assert rows[1]["cost_bits"] > rows[0]["cost_bits"]
+
+
+def test_evaluate_table_and_memory_size_override(trained, capsys):
+    assert main(["evaluate", str(trained), "--lengths", "4", "--sequences", "4",
+                 "--memory-size", "32"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split() == ["length", "sequences", "cost_bits", "bit_errors", "perfect"]
+    assert out[1].split()[:2] == ["4", "4"]
+
+
+def test_plot_writes_png_figures(trained, tmp_path, capsys):
+    assert main(["plot", str(trained), "--out", str(tmp_path / "fig"), "--length", "3"]) == 0
+    names = {p.name for p in (tmp_path / "fig").iterdir()}
+    assert names == {"io.png", "attention.png", "memory.png", "learning_curve.png",
+                     "generalisation.png"}
+    for p in (tmp_path / "fig").iterdir():
+        assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_resume_through_the_cli(trained, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    assert main(["train", "copy", "--resume", str(run), "--set", "max_sequences=64",
+                 "--no-plots", "--no-progress"]) == 0
+    assert json.loads((run / "checkpoint.json").read_text())["sequences"] == 64
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["train", "copy", "--set", "colour=red"], "ntm: error: --set colour: unknown key; valid keys:"),
+    (["train", "copy", "--set", "lr=fast"], "ntm: error: --set lr=fast: expected a value of type float"),
+    (["train", "copy", "--preset", "huge"], "ntm: error: unknown preset 'huge' for task 'copy'"),
+    (["evaluate", "/nonexistent/run"], "ntm: error: /nonexistent/run: no such checkpoint"),
+])
+def test_user_mistakes_end_in_one_clear_line(argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_resume_refuses_to_change_the_model(trained, capsys):
+    assert main(["train", "copy", "--resume", str(trained), "--set", "controller_size=9"]) == 2
+    assert "--resume cannot change controller_size" in capsys.readouterr().err
+
+
+def test_corrupt_checkpoint_is_one_line_naming_the_file(trained, tmp_path, capsys):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    weights = next(run.glob("weights-*.safetensors"))
+    weights.write_bytes(b"garbage")
+    assert main(["evaluate", str(run)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"ntm: error: {weights}: file is corrupt or was modified")
+    assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("argv", [["train", "copy", "--bogus"], ["train", "sorting"], ["fly"]])
+def test_unknown_options_and_names_are_rejected_by_argparse(argv, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert "error:" in capsys.readouterr().err
