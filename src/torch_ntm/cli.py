@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -91,11 +92,15 @@ def _cmd_train(args) -> int:
     else:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
         run_dir = args.out or Path("runs") / args.task
-    print(f"run directory: {run_dir}")
-    print(f"config: {config.to_json()}")
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 reports
+    if main_process:
+        print(f"run directory: {run_dir}")
+        print(f"config: {config.to_json()}")
     started = time.perf_counter()
     result = train(config, run_dir, resume=args.resume is not None,
                    progress=False if args.no_progress else None)
+    if not main_process:
+        return 0
     wall = time.perf_counter() - started
     status = "converged" if result.converged else "stopped (budget)"
     print(f"{status} after {result.sequences} sequences, {result.step} steps, "

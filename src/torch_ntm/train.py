@@ -55,11 +55,61 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
 
 
-def _clip(config: TrainConfig, params) -> None:
+def _clip(config: TrainConfig, params) -> torch.Tensor:
+    """Clip by value and/or by global norm; returns the global gradient norm (after value
+    clipping), which is non-finite exactly when some gradient is."""
     if config.clip_value > 0:
         nn.utils.clip_grad_value_(params, config.clip_value)
-    if config.clip_norm > 0:
-        nn.utils.clip_grad_norm_(params, config.clip_norm)
+    max_norm = config.clip_norm if config.clip_norm > 0 else float("inf")
+    return nn.utils.clip_grad_norm_(params, max_norm)
+
+
+class _World:
+    """Data parallelism under ``torchrun`` (gloo on CPU, NCCL on CUDA); one process otherwise.
+
+    Every rank draws the same global batch from the same generator and trains on its own slice;
+    DDP averages the gradients, so the update equals one process's on the global batch.
+    """
+
+    def __init__(self, device: torch.device):
+        self.size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.rank = int(os.environ.get("RANK", "0"))
+        self.device = device
+        if self.size > 1:
+            import torch.distributed as dist
+
+            if device.type == "cuda":
+                self.device = torch.device("cuda", int(os.environ.get("LOCAL_RANK", "0")))
+                torch.cuda.set_device(self.device)
+            if not dist.is_initialized():
+                dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+
+    @property
+    def main(self) -> bool:
+        return self.rank == 0
+
+    def local_batch(self, batch_size: int) -> slice:
+        if batch_size % self.size:
+            raise ConfigError(f"batch_size={batch_size} must be divisible by the number of "
+                              f"processes ({self.size})")
+        n = batch_size // self.size
+        return slice(self.rank * n, (self.rank + 1) * n)
+
+    def wrap(self, model: nn.Module) -> nn.Module:
+        if self.size == 1:
+            return model
+        from torch.nn.parallel import DistributedDataParallel
+
+        return DistributedDataParallel(model)
+
+    def sum(self, values: list[float]) -> list[float]:
+        if self.size == 1:
+            return values
+        import torch.distributed as dist
+
+        t = torch.tensor(values, dtype=torch.float64, device=self.device)
+        dist.all_reduce(t)
+        return t.tolist()
 
 
 class _MetricsLog:
@@ -106,18 +156,21 @@ def _progress(total: int, initial: int, enabled: bool | None):
 
 
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
-          progress: bool | None = None, log=print) -> TrainResult:
+          progress: bool | None = None) -> TrainResult:
     """Train ``config`` into ``run_dir`` (or continue the run there when ``resume``).
 
     Stops when validation bit errors per sequence stay <= ``config.stop_bit_errors`` for
     ``config.patience_evals`` validations, or when ``max_sequences``/``max_seconds`` is spent.
+    Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory.
     """
     run_dir = Path(run_dir)
     torch.set_num_threads(config.threads)
+    world = _World(torch.device(config.device))
+    device = world.device
+    local = world.local_batch(config.batch_size)
     torch.manual_seed(config.seed)
     data_gen = torch.Generator().manual_seed(config.seed)
     task = build_task(config)
-    device = torch.device(config.device)
     model = build_model(config, task, device=device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
@@ -133,70 +186,75 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         last_val = ckpt.metrics
         nan_steps = int(ckpt.extra.get("nan_steps", 0))
         streak = int(ckpt.extra.get("streak", 0))
-    else:
+    if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.json").write_text(config.to_json() + "\n")
-
+        (run_dir / "config.json").write_text(config.to_json() + "\n")
+        log_file = _MetricsLog(run_dir, step if resume else None)
+    train_model = world.wrap(model)
+    # Every rank validates the whole (small) set, so all reach the same stopping decision.
     val_batches = fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
-    log_file = _MetricsLog(run_dir, step if resume else None)
 
-    def checkpoint():
-        save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
-                        sequences=sequences, elapsed_s=elapsed, metrics=last_val,
-                        extra={"nan_steps": nan_steps, "streak": streak})
+    def validate() -> dict:
+        nonlocal last_val, streak
+        last_val = evaluate_batches(model, val_batches)
+        if world.main:
+            log_file.write(step, sequences, elapsed, "val", last_val)
+        met = 0 <= config.stop_bit_errors and last_val["bit_errors"] <= config.stop_bit_errors
+        streak = streak + 1 if met else 0
+        if world.main:
+            save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
+                            sequences=sequences, elapsed_s=elapsed, metrics=last_val,
+                            extra={"nan_steps": nan_steps, "streak": streak})
+        return last_val
 
-    bar = _progress(config.max_sequences, sequences, progress)
-    converged = streak >= config.patience_evals and config.stop_bit_errors >= 0
+    bar = _progress(config.max_sequences, sequences, progress if world.main else False)
+    converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
     val_step = step if resume else -1
-    run_cost = run_err = 0.0
-    run_n = 0
+    run_cost = run_err = run_n = 0.0
     start = time.perf_counter() - elapsed
     model.train()
     try:
         while not converged and sequences < config.max_sequences:
             if config.max_seconds and time.perf_counter() - start >= config.max_seconds:
                 break
-            inputs, targets, mask = (t.to(device) for t in task.sample(config.batch_size, data_gen))
-            logits, _ = model(inputs)
+            batch = task.sample(config.batch_size, data_gen)
+            inputs, targets, mask = (t[:, local].to(device) for t in batch)
+            logits, _ = train_model(inputs)
             per_seq = masked_bce(logits, targets, mask)
-            loss = per_seq.mean()
             optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            if not math.isfinite(loss.item()):
-                nan_steps += 1  # skip the update: one bad batch must not destroy the model
-            else:
-                _clip(config, params)
+            per_seq.mean().backward()
+            if torch.isfinite(_clip(config, params)):
                 optimizer.step()
+            else:
+                nan_steps += 1  # skip the update: one bad batch must not destroy the model
             step += 1
             sequences += config.batch_size
             bar.update(config.batch_size)
             with torch.no_grad():
                 run_cost += float(per_seq.sum()) / math.log(2)
                 run_err += float(bit_errors(logits, targets, mask).sum())
-                run_n += config.batch_size
+                run_n += per_seq.numel()
 
             if step % config.log_every == 0:
                 elapsed = time.perf_counter() - start
-                values = {"cost_bits": run_cost / run_n, "bit_errors": run_err / run_n}
-                log_file.write(step, sequences, elapsed, "train", values)
+                cost, err, n = world.sum([run_cost, run_err, run_n])
+                values = {"cost_bits": cost / n, "bit_errors": err / n}
+                if world.main:
+                    log_file.write(step, sequences, elapsed, "train", values)
                 bar.set_postfix(cost=f"{values['cost_bits']:.3g}",
                                 bit_err=f"{values['bit_errors']:.3g}", refresh=False)
-                run_cost = run_err = 0.0
-                run_n = 0
+                run_cost = run_err = run_n = 0.0
             if step % config.eval_every == 0:
                 elapsed = time.perf_counter() - start
-                last_val, val_step = evaluate_batches(model, val_batches), step
-                log_file.write(step, sequences, elapsed, "val", last_val)
-                met = 0 <= config.stop_bit_errors and last_val["bit_errors"] <= config.stop_bit_errors
-                streak = streak + 1 if met else 0
-                converged = streak >= config.patience_evals
-                checkpoint()
+                validate()
+                val_step = step
+                converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
         elapsed = time.perf_counter() - start
         if val_step != step:  # stopped between validations: validate and save the final state
-            last_val = evaluate_batches(model, val_batches)
-            log_file.write(step, sequences, elapsed, "val", last_val)
-            checkpoint()
+            validate()
+            converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
     finally:
         bar.close()
-        log_file.close()
+        if world.main:
+            log_file.close()
     return TrainResult(run_dir, converged, step, sequences, elapsed, last_val, nan_steps)
