@@ -1,0 +1,609 @@
+"""A fast path for `NTM.forward`: the same function, with a hand-written backward over the sequence.
+
+At the sizes NTMs are trained at, the eager model spends its time dispatching hundreds of tiny
+operations per time step, and autograd records and replays each of them. This module computes the
+same thing with fewer, larger operations:
+
+* the controller's input projection ``x W^T + b`` for all T steps is one matmul before the loop,
+  and the output layer ``[h, r] W^T + b`` for all T steps is one matmul after it (both through
+  ordinary autograd);
+* the recurrent part runs in a `torch.autograd.Function` whose backward is written by hand, one
+  reverse time step at a time, and carries only the gradients of the recurrent state; the weight
+  gradients are summed over all steps with one matmul each after the loop;
+* the head layer's rows are permuted once per call so that one activation op covers each kind of
+  field of every head (all tanh fields, all sigmoid fields, ...);
+* the squared row norms of memory are carried in the state, so each memory is reduced once;
+* optionally (``compile=True``), the forward and the backward step functions are compiled with
+  `torch.compile`: two graphs, independent of the sequence length, fused into a few kernels each.
+
+Every parameter of the model is used as is (no copies), so gradients land on ``model``'s
+parameters and optimizers see them as usual. Shapes as in `torch_ntm.functional`: B batch,
+C controller size, N memory rows, M row width, S = 2R+1 shifts, Hr / Hw read / write heads.
+
+Example::
+
+    ntm = NTM(9, 8)
+    fast = make_fast(ntm)               # or make_fast(ntm, compile=True)
+    logits, state = fast(x)             # == ntm(x), to float rounding
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torch_ntm.functional import EPS
+from torch_ntm.model import NTM, NTMState
+
+__all__ = ["FastNTM", "make_fast"]
+
+
+class _Config(NamedTuple):
+    """The static sizes a step depends on (compiled graphs specialise on them)."""
+
+    lstm: bool
+    layers: int
+    hidden: int  # C
+    read_heads: int  # Hr
+    write_heads: int  # Hw
+    width: int  # M
+    shifts: int  # S = 2R + 1
+
+
+# ------------------------------------------------------------------------------------------------
+# Head parameters: one permuted linear layer, one activation op per kind of field.
+#
+# Permuted layout of the P head outputs (Hw = write heads, Hr = read heads):
+#     tanh:     wkey (Hw*M) | wadd (Hw*M) | rkey (Hr*M)
+#     sigmoid:  werase (Hw*M) | wgate (Hw) | rgate (Hr)
+#     softplus: wbeta (Hw) | rbeta (Hr) | wgamma (Hw) | rgamma (Hr)     (gamma = 1 + softplus)
+#     softmax:  wshift (Hw*S) | rshift (Hr*S)                            (softmax over each S)
+# ------------------------------------------------------------------------------------------------
+
+
+def _head_permutation(model: NTM) -> Tensor:
+    """Row indices of ``model.head_params`` in the permuted layout above."""
+    m, s = model.memory_width, 2 * model.shift_range + 1
+    hr, hw = model.read_heads, model.write_heads
+    rf, wf = sum(model._read_fields), sum(model._write_fields)
+    # Field offsets within one head: key, beta, gate, shift, gamma[, erase, add].
+    offsets = {"key": 0, "beta": m, "gate": m + 1, "shift": m + 2, "gamma": m + 2 + s}
+    offsets.update(erase=m + 3 + s, add=2 * m + 3 + s)
+    sizes = {"key": m, "beta": 1, "gate": 1, "shift": s, "gamma": 1, "erase": m, "add": m}
+
+    def rows(kind: str, field: str) -> list[int]:
+        heads, stride, base = (hr, rf, 0) if kind == "r" else (hw, wf, model._read_split)
+        out = []
+        for h in range(heads):
+            start = base + h * stride + offsets[field]
+            out.extend(range(start, start + sizes[field]))
+        return out
+
+    order = [
+        ("w", "key"), ("w", "add"), ("r", "key"),
+        ("w", "erase"), ("w", "gate"), ("r", "gate"),
+        ("w", "beta"), ("r", "beta"), ("w", "gamma"), ("r", "gamma"),
+        ("w", "shift"), ("r", "shift"),
+    ]  # fmt: skip
+    perm = [i for kind, field in order for i in rows(kind, field)]
+    assert sorted(perm) == list(range(model.head_params.out_features))
+    return torch.tensor(perm, dtype=torch.long)
+
+
+def _head_blocks(cfg: _Config) -> tuple[int, int, int, int]:
+    """Widths of the tanh, sigmoid, softplus and softmax blocks."""
+    hr, hw, m, s = cfg.read_heads, cfg.write_heads, cfg.width, cfg.shifts
+    return (2 * hw + hr) * m, hw * m + hw + hr, 2 * (hw + hr), (hw + hr) * s
+
+
+# ------------------------------------------------------------------------------------------------
+# Addressing (functional.address) and its backward.
+# ------------------------------------------------------------------------------------------------
+
+
+def _shift(w: Tensor, s: Tensor, r: int) -> Tensor:
+    """Circular convolution, as `functional.shift`: ``out[i] = sum_p s[2R-p] w[i-R+p]``."""
+    if r == 0:
+        return w * s
+    padded = torch.cat([w[..., -r:], w, w[..., :r]], dim=-1)  # (B, H, N + 2R)
+    return torch.matmul(padded.unfold(-1, 2 * r + 1, 1), s.flip(-1).unsqueeze(-1)).squeeze(-1)
+
+
+def _shift_backward(dout: Tensor, w: Tensor, s: Tensor, r: int) -> tuple[Tensor, Tensor]:
+    """Gradients of `_shift` for ``w`` and ``s``."""
+    if r == 0:
+        return dout * s, (dout * w).sum(-1, keepdim=True)
+    width = 2 * r + 1
+    padded = torch.cat([w[..., -r:], w, w[..., :r]], dim=-1)
+    # ds[2R-p] = sum_i dout[i] w[i-R+p]
+    ds = torch.matmul(dout.unsqueeze(-2), padded.unfold(-1, width, 1)).squeeze(-2).flip(-1)
+    # dw[j] = sum_q s[q] dout[j-R+q]: the same convolution with s reversed.
+    dpadded = torch.cat([dout[..., -r:], dout, dout[..., :r]], dim=-1)
+    dw = torch.matmul(dpadded.unfold(-1, width, 1), s.unsqueeze(-1)).squeeze(-1)
+    return dw, ds
+
+
+def _address(memory, msq, w_prev, key, beta, gate, s, gamma, r: int, tiny: float):
+    """`functional.address` with the squared row norms ``msq [B, N]`` given.
+
+    Returns ``(w, saved)``; ``saved`` is what `_address_backward` needs.
+    """
+    dot = torch.bmm(key, memory.transpose(1, 2))  # (B, H, N)
+    ksq = key.square().sum(-1, keepdim=True)  # (B, H, 1)
+    inv = torch.rsqrt((ksq + EPS) * (msq.unsqueeze(1) + EPS))
+    cos = dot * inv
+    wc = torch.softmax(beta * cos, dim=-1)  # eq. (5)-(6)
+    wg = w_prev + gate * (wc - w_prev)  # eq. (7)
+    ws = _shift(wg, s, r)  # eq. (8)
+    scale = ws.amax(-1, keepdim=True).clamp_min(tiny)
+    u = ws / scale
+    p = u.pow(gamma)  # eq. (9); 0^gamma = 0 as gamma >= 1
+    w = p / p.sum(-1, keepdim=True)
+    return w, (cos, inv, ksq, wc, wg, u, scale, w)
+
+
+def _address_backward(dw, memory, msq, w_prev, key, beta, gate, s, gamma, saved, r, tiny):
+    """Gradients of `_address`: ``(dw_prev, dkey, dbeta, dgate, ds, dgamma, dmemory, dmsq)``."""
+    cos, inv, ksq, wc, wg, u, scale, w = saved
+    # Sharpen: w = p / sum(p), p = u^gamma, u = ws / scale (scale is a constant, as in eager).
+    dpp = w * (dw - (dw * w).sum(-1, keepdim=True))  # dL/dp * p
+    u_safe = u.clamp_min(tiny)  # p = 0 where u = 0, so these terms are exactly 0 there
+    dgamma = (dpp * torch.log(u_safe)).sum(-1, keepdim=True)
+    dws = dpp * gamma / (u_safe * scale)
+    dwg, ds = _shift_backward(dws, wg, s, r)
+    dwc = gate * dwg
+    dw_prev = dwg - dwc
+    dgate = (dwg * (wc - w_prev)).sum(-1, keepdim=True)
+    dz = wc * (dwc - (dwc * wc).sum(-1, keepdim=True))  # softmax
+    dbeta = (dz * cos).sum(-1, keepdim=True)
+    dcos = dz * beta
+    ddot = dcos * inv
+    t = dcos * cos  # d cos / d (norm^2) = -cos / (2 (norm^2 + EPS))
+    dksq = -0.5 * t.sum(-1, keepdim=True) / (ksq + EPS)
+    dmsq = -0.5 * t.sum(1) / (msq + EPS)  # (B, N)
+    dkey = torch.bmm(ddot, memory) + 2.0 * key * dksq
+    dmemory = torch.bmm(ddot.transpose(1, 2), key)  # (B, N, M); plus 2 M dmsq, added by caller
+    return dw_prev, dkey, dbeta, dgate, ds, dgamma, dmemory, dmsq
+
+
+# ------------------------------------------------------------------------------------------------
+# One time step and its backward.
+# ------------------------------------------------------------------------------------------------
+
+
+def _step(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
+    """One time step of `NTM._step`, without the output layer.
+
+    Args:
+        xpre: ``[B, G]`` this step's input projection of layer 0 (bias included).
+        weights: per layer, the recurrent weight: LSTM ``[4C, in + C]`` acting on
+            ``[input, h_prev]``, gates ordered (i, f, o, g); feed-forward ``[C, in]``. The input of
+            layer 0 is the previous reads ``[B, Hr*M]`` only (x is in ``xpre``).
+        biases: per layer >= 1, its bias.
+        wp, bp: the head layer, rows permuted (`_head_permutation`).
+        state: ``(hs, cs, memory, msq, w_read, w_write, reads)``; hs, cs: lists of ``[B, C]``.
+
+    Returns:
+        ``(h_top, state, saved)``.
+    """
+    hs, cs, memory, msq, w_read, w_write, reads = state
+    b, c = xpre.shape[0], cfg.hidden
+    hr, hw, m, nshift = cfg.read_heads, cfg.write_heads, cfg.width, cfg.shifts
+    r = (nshift - 1) // 2
+
+    # Controller.
+    x = reads.reshape(b, hr * m)
+    new_h, new_c, ctrl_saved = [], [], []
+    for layer in range(cfg.layers):
+        pre = xpre if layer == 0 else biases[layer - 1]
+        if cfg.lstm:
+            z = torch.cat([x, hs[layer]], dim=1)
+            gates = torch.addmm(pre, z, weights[layer].t())  # (B, 4C), (i, f, o, g)
+            sig = torch.sigmoid(gates[:, : 3 * c])
+            g = torch.tanh(gates[:, 3 * c :])
+            c_new = sig[:, c : 2 * c] * cs[layer] + sig[:, :c] * g
+            tc = torch.tanh(c_new)
+            x = sig[:, 2 * c :] * tc
+            new_c.append(c_new)
+            ctrl_saved.append((z, sig, g, tc))
+        else:
+            z = x
+            x = torch.tanh(torch.addmm(pre, z, weights[layer].t()))
+            ctrl_saved.append((z, x))
+        new_h.append(x)
+    h = x
+
+    # Head parameters, activated per block.
+    raw = torch.addmm(bp, h, wp.t())  # (B, P)
+    n_tanh, n_sig, n_sp, _ = _head_blocks(cfg)
+    o1, o2, o3 = n_tanh, n_tanh + n_sig, n_tanh + n_sig + n_sp
+    ta = torch.tanh(raw[:, :o1])
+    sg = torch.sigmoid(raw[:, o1:o2])
+    sp = F.softplus(raw[:, o2:o3])
+    sm = torch.softmax(raw[:, o3:].reshape(b, hw + hr, nshift), dim=-1)
+    gam = 1.0 + sp[:, hw + hr :]
+    heads = (raw, ta, sg, sp, sm, gam)
+
+    # Write: address with the memory before this step's write, then erase and add.
+    w_saved = keep = None
+    if hw:
+        wkey = ta[:, : hw * m].view(b, hw, m)
+        add = ta[:, hw * m : 2 * hw * m].view(b, hw, m)
+        erase = sg[:, : hw * m].view(b, hw, m)
+        w_write, w_saved = _address(
+            memory, msq, w_write, wkey,
+            sp[:, :hw].unsqueeze(-1), sg[:, hw * m : hw * m + hw].unsqueeze(-1),
+            sm[:, :hw], gam[:, :hw].unsqueeze(-1), r, tiny,
+        )  # fmt: skip
+        wt = w_write.transpose(1, 2)  # (B, N, Hw)
+        if hw == 1:
+            keep = 1.0 - wt * erase  # (B, N, M)
+        else:
+            keep = (1.0 - wt.unsqueeze(-1) * erase.unsqueeze(1)).prod(2)
+        memory = memory * keep + torch.bmm(wt, add)
+        msq = memory.square().sum(-1)
+
+    # Read from the memory after the write.
+    rkey = ta[:, 2 * hw * m :].view(b, hr, m)
+    w_read, r_saved = _address(
+        memory, msq, w_read, rkey,
+        sp[:, hw : hw + hr].unsqueeze(-1), sg[:, hw * m + hw :].unsqueeze(-1),
+        sm[:, hw:], gam[:, hw:].unsqueeze(-1), r, tiny,
+    )  # fmt: skip
+    reads = torch.bmm(w_read, memory)  # (B, Hr, M)
+    saved = (ctrl_saved, cs, heads, w_saved, keep, r_saved)
+    return h, (new_h, new_c, memory, msq, w_read, w_write, reads), saved
+
+
+def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_out, dr_out, grads):
+    """Backward of `_step`.
+
+    Args:
+        prev, cur: the states before and after the step (as in `_step`).
+        saved: `_step`'s ``saved``.
+        dh_out: ``[B, C]`` gradient of the step's ``h_top`` from the output layer.
+        dr_out: ``[B, Hr, M]`` gradient of the step's reads from the output layer.
+        grads: gradients of ``cur``: ``(dhs, dcs, dmemory, dmsq, dw_read, dw_write, dreads)``
+            (dhs, dcs: lists of ``[B, C]``, empty for a feed-forward controller).
+
+    Returns:
+        ``(grads of prev, dpre, draw)``: ``dpre`` per layer the gradient of the layer's
+        pre-activation (that of ``xpre`` for layer 0, of the bias otherwise; the layer's weight
+        gradient is ``dpre^T z`` summed over steps, z in ``saved``), ``draw [B, P]`` that of the
+        head layer's output.
+    """
+    hs_prev, cs_prev, mem_prev, msq_prev, wr_prev, ww_prev, _ = prev
+    _, _, memory, msq, w_read, w_write, _ = cur
+    ctrl_saved, _, heads, w_saved, keep, r_saved = saved
+    dhs, dcs, dmem, dmsq, dwr, dww, dreads = grads
+    raw, ta, sg, sp, sm, gam = heads
+    b, c = ta.shape[0], cfg.hidden
+    hr, hw, m, nshift = cfg.read_heads, cfg.write_heads, cfg.width, cfg.shifts
+    r = (nshift - 1) // 2
+
+    # Read: reads = w_read @ memory.
+    dreads = dreads + dr_out
+    dwr_t = dwr + torch.bmm(dreads, memory.transpose(1, 2))
+    dmem_r = dmem + torch.bmm(w_read.transpose(1, 2), dreads)
+    rkey = ta[:, 2 * hw * m :].view(b, hr, m)
+    n_tanh, n_sig, n_sp, _ = _head_blocks(cfg)
+    o2 = n_tanh + n_sig
+    rbeta = sp[:, hw : hw + hr].unsqueeze(-1)
+    d_read = _address_backward(
+        dwr_t, memory, msq, wr_prev, rkey, rbeta, sg[:, hw * m + hw :].unsqueeze(-1),
+        sm[:, hw:], gam[:, hw:].unsqueeze(-1), r_saved, r, tiny,
+    )  # fmt: skip
+    dwr_prev, drkey, drbeta, drgate, drshift, drgamma, dmem_a, dmsq_a = d_read
+    dmsq = dmsq + dmsq_a
+    dmem = dmem_r + dmem_a + 2.0 * memory * dmsq.unsqueeze(-1)
+
+    # Write: memory = mem_prev * keep + w^T add.
+    if hw:
+        wkey = ta[:, : hw * m].view(b, hw, m)
+        add = ta[:, hw * m : 2 * hw * m].view(b, hw, m)
+        erase = sg[:, : hw * m].view(b, hw, m)
+        dadd = torch.bmm(w_write, dmem)  # (B, Hw, M)
+        dww_t = dww + torch.bmm(add, dmem.transpose(1, 2))  # (B, Hw, N)
+        dkeep = dmem * mem_prev
+        if hw == 1:  # keep = 1 - w e^T
+            dww_t = dww_t - torch.bmm(erase, dkeep.transpose(1, 2))
+            derase = -torch.bmm(w_write, dkeep)
+        else:  # keep = prod_h f_h, f_h = 1 - w_h e_h^T; d f_h = dkeep * prod_{h' != h} f_h'
+            wt = w_write.transpose(1, 2).unsqueeze(-1)  # (B, N, Hw, 1)
+            f = 1.0 - wt * erase.unsqueeze(1)  # (B, N, Hw, M)
+            ones = torch.ones_like(f[:, :, :1])
+            before = torch.cat([ones, f[:, :, :-1].cumprod(2)], dim=2)
+            after = torch.cat([f[:, :, 1:].flip(2).cumprod(2).flip(2), ones], dim=2)
+            df = dkeep.unsqueeze(2) * before * after
+            dww_t = dww_t - (df * erase.unsqueeze(1)).sum(-1).transpose(1, 2)
+            derase = -(df * wt).sum(1)
+        dmem = dmem * keep
+        d_write = _address_backward(
+            dww_t, mem_prev, msq_prev, ww_prev, wkey, sp[:, :hw].unsqueeze(-1),
+            sg[:, hw * m : hw * m + hw].unsqueeze(-1), sm[:, :hw], gam[:, :hw].unsqueeze(-1),
+            w_saved, r, tiny,
+        )  # fmt: skip
+        dww_prev, dwkey, dwbeta, dwgate, dwshift, dwgamma, dmem_a, dmsq_prev = d_write
+        dmem = dmem + dmem_a
+        d_tanh = torch.cat([dwkey.reshape(b, -1), dadd.reshape(b, -1), drkey.reshape(b, -1)], 1)
+        d_sig = torch.cat([derase.reshape(b, -1), dwgate[..., 0], drgate[..., 0]], 1)
+        d_sp = torch.cat([dwbeta[..., 0], drbeta[..., 0], dwgamma[..., 0], drgamma[..., 0]], 1)
+        d_sm = torch.cat([dwshift, drshift], 1)
+    else:
+        dww_prev = dww
+        dmsq_prev = torch.zeros_like(dmsq)
+        d_tanh, d_sig = drkey.reshape(b, -1), drgate[..., 0]
+        d_sp = torch.cat([drbeta[..., 0], drgamma[..., 0]], 1)
+        d_sm = drshift
+
+    # Head activations back to the raw head layer output.
+    d_sm = sm * (d_sm - (d_sm * sm).sum(-1, keepdim=True))
+    draw = torch.cat(
+        [
+            d_tanh * (1.0 - ta.square()),
+            d_sig * sg * (1.0 - sg),
+            d_sp * torch.sigmoid(raw[:, o2 : o2 + n_sp]),
+            d_sm.reshape(b, -1),
+        ],
+        dim=1,
+    )
+    dh = torch.addmm(dh_out, draw, wp)
+    if cfg.lstm:
+        dh = dh + dhs[-1]
+
+    # Controller, top layer first.
+    dh_prev, dc_prev, dpre = [None] * cfg.layers, [None] * cfg.layers, [None] * cfg.layers
+    for layer in reversed(range(cfg.layers)):
+        if cfg.lstm:
+            if layer < cfg.layers - 1:
+                dh = dh + dhs[layer]
+            _, sig, g, tc = ctrl_saved[layer]
+            i, f, o = sig[:, :c], sig[:, c : 2 * c], sig[:, 2 * c :]
+            dc = torch.addcmul(dcs[layer], dh * o, 1.0 - tc.square())
+            dsig = torch.cat([dc * g, dc * cs_prev[layer], dh * tc], dim=1) * sig * (1.0 - sig)
+            dgates = torch.cat([dsig, dc * i * (1.0 - g.square())], dim=1)
+            dc_prev[layer] = dc * f
+            dz = torch.mm(dgates, weights[layer])
+            dh_prev[layer] = dz[:, -c:].contiguous()
+            dh = dz[:, :-c]  # gradient of the layer's input
+            dpre[layer] = dgates
+        else:
+            _, h = ctrl_saved[layer]
+            da = dh * (1.0 - h.square())
+            dh = torch.mm(da, weights[layer])
+            dpre[layer] = da
+    if not cfg.lstm:
+        dh_prev, dc_prev = [], []
+    dreads_prev = dh.reshape(b, hr, m).contiguous()
+    grads_prev = (dh_prev, dc_prev, dmem, dmsq_prev, dwr_prev, dww_prev, dreads_prev)
+    return grads_prev, dpre, draw
+
+
+# ------------------------------------------------------------------------------------------------
+# The sequence: forward loop, and backward loop with the weight gradients summed after it.
+# ------------------------------------------------------------------------------------------------
+
+
+class _Steps(NamedTuple):
+    """The step functions a sequence runs (plain or compiled) and the static config."""
+
+    cfg: _Config
+    tiny: float
+    step: object
+    step_backward: object
+
+
+def _run_forward(steps: _Steps, xpre, weights, biases, wp, bp, state, keep: bool):
+    """Run all T steps. Returns ``(hs [T, B, C], reads [T, B, Hr, M], states, saved)``."""
+    hs, reads, states, saved = [], [], [state], []
+    for t in range(xpre.shape[0]):
+        h, state, sv = steps.step(steps.cfg, steps.tiny, xpre[t], weights, biases, wp, bp, state)
+        hs.append(h)
+        reads.append(state[-1])
+        if keep:
+            states.append(state)
+            saved.append(sv)
+    if not keep:
+        states.append(state)
+    return torch.stack(hs), torch.stack(reads), states, saved
+
+
+class _Sequence(torch.autograd.Function):
+    """The recurrent part of `NTM.forward` over a whole sequence, with a hand-written backward.
+
+    Inputs (flat, for autograd): ``xpre [T, B, G]``, ``wp``, ``bp``, then the initial state
+    ``memory, msq, w_read, w_write, reads``, then ``L`` weights, ``L - 1`` biases and, for an LSTM,
+    ``L`` initial h and ``L`` initial c. Outputs: ``hs [T, B, C]``, ``reads [T, B, Hr, M]``, the
+    final ``memory, w_read, w_write`` and, for an LSTM, final ``h, c [L, B, C]``.
+    """
+
+    @staticmethod
+    def forward(ctx, steps: _Steps, xpre, wp, bp, memory, msq, w_read, w_write, reads, *rest):
+        cfg = steps.cfg
+        n = cfg.layers
+        # Detached and contiguous (the learned initial state is expanded over the batch), so
+        # that the first step sees the same kind of tensors as the others: one compiled graph.
+        xpre, wp, bp, memory, msq, w_read, w_write, reads = (
+            t.detach().contiguous() for t in (xpre, wp, bp, memory, msq, w_read, w_write, reads)
+        )
+        rest = [t.detach().contiguous() for t in rest]
+        weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
+        h0 = list(rest[2 * n - 1 : 3 * n - 1]) if cfg.lstm else []
+        c0 = list(rest[3 * n - 1 :]) if cfg.lstm else []
+        state = (h0, c0, memory, msq, w_read, w_write, reads)
+        hs, all_reads, states, saved = _run_forward(
+            steps, xpre, weights, biases, wp, bp, state, keep=True
+        )
+        ctx.set_materialize_grads(False)
+        ctx.steps, ctx.states, ctx.saved = steps, states, saved
+        ctx.save_for_backward(hs, wp, *weights)
+        last = states[-1]
+        # Clone what is also kept for backward, so that no output is referenced by its own node.
+        out = [hs, all_reads, last[2].clone(), last[4].clone(), last[5].clone()]
+        if cfg.lstm:
+            out += [torch.stack(last[0]), torch.stack(last[1])]
+        return tuple(out)
+
+    @staticmethod
+    def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
+        steps, states, saved = ctx.steps, ctx.states, ctx.saved
+        cfg = steps.cfg
+        hs, wp, *weights = ctx.saved_tensors
+        last = states[-1]
+        zeros = torch.zeros_like
+        dhs_out = zeros(hs) if dhs_out is None else dhs_out
+        if dreads_out is None:
+            dreads_out = last[6].new_zeros((len(saved), *last[6].shape))
+        if cfg.lstm:
+            dh = [zeros(h) for h in last[0]] if dh_last is None else list(dh_last.unbind(0))
+            dc = [zeros(c) for c in last[1]] if dc_last is None else list(dc_last.unbind(0))
+        else:
+            dh, dc = [], []
+        grads = (
+            dh,
+            dc,
+            zeros(last[2]) if dmem is None else dmem,
+            zeros(last[3]),
+            zeros(last[4]) if dwr is None else dwr,
+            zeros(last[5]) if dww is None else dww,
+            zeros(last[6]),
+        )
+        dpres, draws = [[] for _ in range(cfg.layers)], []
+        for t in reversed(range(len(saved))):
+            grads, dpre, draw = steps.step_backward(
+                cfg, steps.tiny, weights, wp, states[t], states[t + 1], saved[t],
+                dhs_out[t], dreads_out[t], grads,
+            )  # fmt: skip
+            for layer in range(cfg.layers):
+                dpres[layer].append(dpre[layer])
+            draws.append(draw)
+        # Weight gradients: one matmul over all T*B rows each (steps were collected backwards).
+        draw = torch.stack(draws[::-1]).flatten(0, 1)  # (T*B, P)
+        dwp = draw.t() @ hs.flatten(0, 1)
+        dbp = draw.sum(0)
+        dweights, dbiases = [], []
+        for layer in range(cfg.layers):
+            dpre = torch.stack(dpres[layer][::-1])  # (T, B, G)
+            z = torch.stack([sv[0][layer][0] for sv in saved])  # (T, B, in)
+            dweights.append(dpre.flatten(0, 1).t() @ z.flatten(0, 1))
+            if layer == 0:
+                dxpre = dpre
+            else:
+                dbiases.append(dpre.sum((0, 1)))
+        dh0, dc0, dmem0, dmsq0, dwr0, dww0, dreads0 = grads
+        return (
+            None, dxpre, dwp, dbp, dmem0, dmsq0, dwr0, dww0, dreads0,
+            *dweights, *dbiases, *dh0, *dc0,
+        )  # fmt: skip
+
+
+# ------------------------------------------------------------------------------------------------
+# The public wrapper.
+# ------------------------------------------------------------------------------------------------
+
+_COMPILED: dict = {}
+
+
+def _compiled_steps():
+    """The two step functions compiled once per process (graphs are shared by all models)."""
+    if not _COMPILED:
+        _COMPILED["step"] = torch.compile(_step, fullgraph=True, dynamic=False)
+        _COMPILED["step_backward"] = torch.compile(_step_backward, fullgraph=True, dynamic=False)
+    return _COMPILED["step"], _COMPILED["step_backward"]
+
+
+class FastNTM:
+    """Computes ``model(x, state)`` of an `NTM` faster, with gradients to the model's parameters.
+
+    Args:
+        model: the `NTM` whose parameters are used (not copied; later updates are seen).
+        compile: also compile the two step functions with `torch.compile`.
+
+    Call it like the model: ``logits, state = fast(x, state=None)``.
+    """
+
+    def __init__(self, model: NTM, *, compile: bool = False) -> None:
+        if not isinstance(model, NTM):
+            raise TypeError(f"FastNTM needs an NTM, got {type(model).__name__}")
+        self.model = model
+        self.compile = bool(compile)
+        self._cfg = _Config(
+            lstm=model.controller_type == "lstm",
+            layers=model.controller_layers,
+            hidden=model.controller_size,
+            read_heads=model.read_heads,
+            write_heads=model.write_heads,
+            width=model.memory_width,
+            shifts=2 * model.shift_range + 1,
+        )
+        self._head_perm = _head_permutation(model)
+        c = model.controller_size
+        self._gate_perm = torch.cat(  # LSTMCell's (i, f, g, o) -> (i, f, o, g)
+            [torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)]
+        )
+
+    def _steps(self, dtype: torch.dtype) -> _Steps:
+        step, step_backward = _compiled_steps() if self.compile else (_step, _step_backward)
+        return _Steps(self._cfg, torch.finfo(dtype).tiny, step, step_backward)
+
+    def _parameters(self, x: Tensor):
+        """The weights in the layout of `_step` (differentiably), and ``xpre`` for all steps."""
+        model, cfg = self.model, self._cfg
+        n_in = model.input_size
+        weights, biases = [], []
+        if cfg.lstm:
+            perm = self._gate_perm.to(x.device)
+            for layer, cell in enumerate(model.controller.cells):
+                w_ih, w_hh = cell.weight_ih[perm], cell.weight_hh[perm]
+                bias = (cell.bias_ih + cell.bias_hh)[perm]
+                if layer == 0:
+                    xpre = F.linear(x, w_ih[:, :n_in], bias)
+                    weights.append(torch.cat([w_ih[:, n_in:], w_hh], dim=1))
+                else:
+                    weights.append(torch.cat([w_ih, w_hh], dim=1))
+                    biases.append(bias)
+        else:
+            for layer, lin in enumerate(model.controller.layers):
+                if layer == 0:
+                    xpre = F.linear(x, lin.weight[:, :n_in], lin.bias)
+                    weights.append(lin.weight[:, n_in:])
+                else:
+                    weights.append(lin.weight)
+                    biases.append(lin.bias)
+        perm = self._head_perm.to(x.device)
+        wp, bp = model.head_params.weight[perm], model.head_params.bias[perm]
+        return xpre, weights, biases, wp, bp
+
+    def __call__(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState]:
+        """Args and returns as `NTM.forward`."""
+        model, cfg = self.model, self._cfg
+        x, state = model._prepare(x, state)  # time-major, checked
+        xpre, weights, biases, wp, bp = self._parameters(x)
+        steps = self._steps(x.dtype)
+        h0 = list(state.controller[0].unbind(0)) if cfg.lstm else []
+        c0 = list(state.controller[1].unbind(0)) if cfg.lstm else []
+        memory = state.memory
+        msq = memory.square().sum(-1)
+        inputs = (xpre, wp, bp, memory, msq, state.read_weights, state.write_weights, state.reads)
+        inputs += (*weights, *biases, *h0, *c0)
+        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+            out = _Sequence.apply(steps, *inputs)
+            hs, reads, memory, w_read, w_write = out[:5]
+            controller = tuple(out[5:])
+        else:
+            st = (h0, c0, memory, msq, state.read_weights, state.write_weights, state.reads)
+            hs, reads, states, _ = _run_forward(steps, xpre, weights, biases, wp, bp, st, False)
+            last = states[-1]
+            memory, w_read, w_write = last[2], last[4], last[5]
+            controller = (torch.stack(last[0]), torch.stack(last[1])) if cfg.lstm else ()
+        logits = model.output(torch.cat([hs, reads.flatten(2)], dim=-1))
+        final = NTMState(controller, memory, w_read, w_write, reads[-1])
+        return (logits.transpose(0, 1) if model.batch_first else logits), final
+
+
+def make_fast(model: NTM, *, compile: bool = False) -> FastNTM:
+    """A callable computing ``model(x, state)`` faster; see `FastNTM`."""
+    return FastNTM(model, compile=compile)
