@@ -1,0 +1,141 @@
+"""The fast path computes exactly `NTM.forward`: outputs, final state and every gradient."""
+
+import pytest
+import torch
+
+from torch_ntm import NTM
+from torch_ntm.fast import FastNTM, make_fast
+
+CONFIGS = {
+    "paper": {},
+    "multi-head": {"read_heads": 2, "write_heads": 2},
+    "deep-lstm": {"controller_layers": 2, "shift_range": 2, "write_heads": 3, "memory_init": "learned"},
+    "feedforward": {"controller": "feedforward", "controller_layers": 2, "read_heads": 2},
+    "read-only": {"write_heads": 0, "shift_range": 0},
+    "random-memory": {"memory_init": "random", "batch_first": True},
+}
+SMALL = {"controller_size": 11, "memory_size": 7, "memory_width": 5}
+
+
+def _loss(logits, state):
+    """A loss that reaches every output and every part of the final state."""
+    loss = logits.square().sum() + state.memory.sum() + state.reads.square().sum()
+    loss = loss + (state.read_weights * 1.5).sum() + state.write_weights.square().sum()
+    for t in state.controller:
+        loss = loss + t.sin().sum()
+    return loss
+
+
+def _run(fn, model, x, state=None, seed=0):
+    model.zero_grad(set_to_none=True)
+    torch.manual_seed(seed)  # "random" memory init draws the same memory on both paths
+    logits, final = fn(x, state)
+    loss = _loss(logits, final)
+    loss.backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return loss.detach(), logits.detach(), final, grads
+
+
+def _assert_same(a, b, **tol):
+    loss_a, logits_a, state_a, grads_a = a
+    loss_b, logits_b, state_b, grads_b = b
+    torch.testing.assert_close(loss_b, loss_a, **tol)
+    torch.testing.assert_close(logits_b, logits_a, **tol)
+    for name in ("memory", "read_weights", "write_weights", "reads"):
+        torch.testing.assert_close(getattr(state_b, name), getattr(state_a, name), **tol)
+    assert len(state_a.controller) == len(state_b.controller)
+    for u, v in zip(state_a.controller, state_b.controller):
+        torch.testing.assert_close(v, u, **tol)
+    assert grads_a.keys() == grads_b.keys()
+    for name in grads_a:
+        torch.testing.assert_close(grads_b[name], grads_a[name], **tol, msg=name)
+
+
+def _model_and_input(config, dtype, batch, steps, seed=0):
+    torch.manual_seed(seed)
+    model = NTM(6, 4, **SMALL, **config, dtype=dtype)
+    shape = (batch, steps, 6) if model.batch_first else (steps, batch, 6)
+    return model, torch.randn(shape, dtype=dtype)
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("batch,steps", [(1, 4), (3, 7)])
+def test_matches_eager_float64(name, batch, steps):
+    model, x = _model_and_input(CONFIGS[name], torch.float64, batch, steps)
+    eager = _run(model, model, x)
+    fast = _run(make_fast(model), model, x)
+    _assert_same(eager, fast, rtol=1e-10, atol=1e-12)
+
+
+def test_matches_eager_float32_paper_model():
+    torch.manual_seed(1)
+    model = NTM(9, 8)  # the copy model of the paper: LSTM 100, memory 128 x 20
+    x = torch.randint(0, 2, (41, 3, 9)).float()
+    eager = _run(model, model, x)
+    fast = _run(make_fast(model), model, x)
+    _assert_same(eager, fast, rtol=1e-4, atol=1e-5)
+
+
+def test_carried_state_equals_one_pass():
+    model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 3, 9)
+    fast = make_fast(model)
+    whole = _run(model, model, x)
+
+    def in_two(x, state):
+        y1, s1 = fast(x[:4], state)
+        y2, s2 = fast(x[4:], s1)
+        return torch.cat([y1, y2]), s2
+
+    _assert_same(whole, _run(in_two, model, x), rtol=1e-10, atol=1e-12)
+
+
+def test_given_state_gets_gradients():
+    model, x = _model_and_input({}, torch.float64, 2, 5)
+    state = model.initial_state(2)
+    memory = (state.memory + 0.1 * torch.randn_like(state.memory)).requires_grad_()
+    grads = []
+    for fn in (model, make_fast(model)):
+        logits, final = fn(x, state._replace(memory=memory))
+        (g,) = torch.autograd.grad(_loss(logits, final), memory)
+        grads.append(g)
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-10, atol=1e-12)
+
+
+def test_no_grad_and_inference_mode():
+    model, x = _model_and_input(CONFIGS["deep-lstm"], torch.float64, 2, 5)
+    expected, _ = model(x)
+    fast = make_fast(model)
+    with torch.no_grad():
+        torch.testing.assert_close(fast(x)[0], expected.detach())
+    with torch.inference_mode():
+        torch.testing.assert_close(fast(x)[0], expected.detach())
+
+
+def test_no_nan_with_one_hot_weightings():
+    # Very large key strengths and sharpening make the weightings exactly one-hot (zeros in w).
+    model, x = _model_and_input({}, torch.float64, 2, 6)
+    with torch.no_grad():
+        model.head_params.bias.fill_(60.0)
+    fast = _run(make_fast(model), model, x)
+    assert all(torch.isfinite(g).all() for g in fast[3].values())
+    _assert_same(_run(model, model, x), fast, rtol=1e-8, atol=1e-10)
+
+
+def test_rejects_other_modules():
+    with pytest.raises(TypeError, match="NTM"):
+        FastNTM(torch.nn.LSTM(3, 4))
+
+
+def test_compiled_matches_and_does_not_recompile():
+    """One compiled graph per direction, reused for every sequence length (slowest test here)."""
+    pytest.importorskip("torch._dynamo")
+    from torch._dynamo.utils import counters
+
+    model, x = _model_and_input({}, torch.float32, 2, 6)
+    compiled = make_fast(model, compile=True)
+    _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
+    graphs = counters["stats"]["unique_graphs"]
+    for steps in (3, 9):
+        x = torch.randn(steps, 2, 6)
+        _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
+    assert counters["stats"]["unique_graphs"] == graphs  # no recompilation for a new length
