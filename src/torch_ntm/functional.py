@@ -107,8 +107,9 @@ def sharpen(w: Tensor, gamma: Tensor) -> Tensor:
 
     The ratio is scale-invariant, so w is first divided by its (detached) maximum: the largest
     term is then exactly 1 and the sum cannot underflow for a large gamma. Exact zeros in w give a
-    zero output and finite gradients for w and gamma (the derivative of ``x^gamma`` at ``x = 0`` is
-    taken as 0, its value for every gamma > 1).
+    zero output and finite gradients for w and gamma: the derivative of ``x^gamma`` at ``x = 0`` is
+    its one-sided value ``gamma * 0^(gamma-1)`` (0 for gamma > 1, 1 for gamma = 1, where sharpen is
+    ``w / sum(w)``), and its derivative for gamma there is taken as 0 (the limit of x^g log x).
 
     Args:
         w: ``[B, H, N]`` shifted weighting w~_t, non-negative.
@@ -120,8 +121,11 @@ def sharpen(w: Tensor, gamma: Tensor) -> Tensor:
     scale = w.detach().amax(-1, keepdim=True).clamp_min(torch.finfo(w.dtype).tiny)
     u = w / scale
     positive = u > 0
-    # pow's gradient for gamma is u^gamma * log(u), NaN at u = 0: route zeros through a safe base.
-    powered = torch.where(positive, torch.where(positive, u, 1.0).pow(gamma), 0.0)
+    # pow's gradient for gamma is u^gamma * log(u), NaN at u = 0: route zeros through a safe base
+    # for gamma, but keep u's own gradient there (gamma * 0^(gamma-1), which is 1 when gamma = 1).
+    powered = torch.where(
+        positive, torch.where(positive, u, 1.0).pow(gamma), u.pow(gamma.detach())
+    )
     return powered / powered.sum(-1, keepdim=True)
 
 

@@ -1,0 +1,453 @@
+"""Tests of the `NTMCell` and `NTM` modules.
+
+A hand-composed step (the controller, head split and activations computed from the parameters,
+then the functional ops in write-then-read order) pins what one step computes; equivalences pin
+the recurrent contract (cell == sequence, two halves with carried state == one pass,
+batch_first == time-major, float32 ~ float64, CUDA ~ CPU); the rest pins initial state,
+checkpoint portability (including to a larger memory), gradients, the trace and error messages.
+Models are tiny and sizes unequal (B=3, T=6, N=7, M=5) so that a swapped axis fails.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as tnf
+
+from torch_ntm import NTM, NTMCell, NTMState, NTMTrace
+from torch_ntm import functional as F
+
+IN, OUT, B, T = 4, 3, 3, 6
+SMALL = {"controller_size": 8, "memory_size": 7, "memory_width": 5}
+N, M = SMALL["memory_size"], SMALL["memory_width"]
+
+CONFIGS = {
+    "lstm": {},
+    "heads_3r_2w": {"read_heads": 3, "write_heads": 2},
+    "lstm_2_layers": {"controller_layers": 2},
+    "feedforward": {"controller": "feedforward", "controller_layers": 2},
+    "shift_range_2": {"shift_range": 2},
+    "shift_range_3": {"shift_range": 3},  # 2R+1 == N
+    "memory_learned": {"memory_init": "learned", "read_heads": 2},
+    "memory_random": {"memory_init": "random"},
+    "read_only": {"write_heads": 0},
+}
+config_params = pytest.mark.parametrize("cfg", list(CONFIGS.values()), ids=list(CONFIGS))
+
+
+def build(cls=NTM, seed: int = 0, **kwargs):
+    torch.manual_seed(seed)
+    return cls(IN, OUT, **{**SMALL, **kwargs})
+
+
+def inputs(seed: int = 1, shape=(T, B, IN), dtype=torch.float64) -> torch.Tensor:
+    return torch.randn(shape, generator=torch.Generator().manual_seed(seed), dtype=dtype)
+
+
+def assert_states_close(a: NTMState, b: NTMState, **tol) -> None:
+    assert len(a.controller) == len(b.controller)
+    for x, y in zip(a.controller, b.controller):
+        torch.testing.assert_close(x, y, **tol)
+    for name in ("memory", "read_weights", "write_weights", "reads"):
+        torch.testing.assert_close(getattr(a, name), getattr(b, name), **tol, msg=name)
+
+
+def random_state(model, batch: int, seed: int) -> NTMState:
+    """A state far from the initial one: random memory, spread weightings, random reads."""
+    g = torch.Generator().manual_seed(seed)
+    dt = model.reads0.dtype
+
+    def randn(*shape):
+        return torch.randn(shape, generator=g, dtype=dt)
+
+    n, m = model.memory_size, model.memory_width
+    controller = ()
+    if model.controller_type == "lstm":
+        shape = (model.controller_layers, batch, model.controller_size)
+        controller = (randn(*shape), randn(*shape))
+    return NTMState(
+        controller=controller,
+        memory=randn(batch, n, m),
+        read_weights=torch.softmax(2 * randn(batch, model.read_heads, n), -1),
+        write_weights=torch.softmax(2 * randn(batch, model.write_heads, n), -1),
+        reads=randn(batch, model.read_heads, m),
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# What one step computes: a reference composed by hand from the parameters.
+# --------------------------------------------------------------------------------------------
+
+
+def reference_step(model, x: torch.Tensor, state: NTMState):
+    """One NTM step from the parameters and the functional ops (section 3 of the paper)."""
+    p = dict(model.named_parameters())
+    b, m, r = x.shape[0], model.memory_width, model.shift_range
+    hr, hw = model.read_heads, model.write_heads
+
+    # Controller input is [x_t, r_{t-1}].
+    inp = torch.cat([x, state.reads.reshape(b, hr * m)], dim=-1)
+    new_ctrl = ()
+    if model.controller_type == "lstm":
+        h_prev, c_prev = state.controller
+        hs, cs = [], []
+        for layer in range(model.controller_layers):
+            pre = f"controller.cells.{layer}."
+            gates = (
+                inp @ p[pre + "weight_ih"].T
+                + p[pre + "bias_ih"]
+                + h_prev[layer] @ p[pre + "weight_hh"].T
+                + p[pre + "bias_hh"]
+            )
+            i, f, g, o = gates.chunk(4, dim=-1)  # PyTorch's gate order
+            c = torch.sigmoid(f) * c_prev[layer] + torch.sigmoid(i) * torch.tanh(g)
+            inp = torch.sigmoid(o) * torch.tanh(c)
+            hs.append(inp)
+            cs.append(c)
+        new_ctrl = (torch.stack(hs), torch.stack(cs))
+    else:
+        for layer in range(model.controller_layers):
+            pre = f"controller.layers.{layer}."
+            inp = torch.tanh(inp @ p[pre + "weight"].T + p[pre + "bias"])
+    h = inp
+
+    # One linear layer emits all head parameters: read heads first, then write heads; each head's
+    # fields are key (M), beta, gate, shift (2R+1), gamma[, erase (M), add (M)].
+    raw = h @ p["head_params.weight"].T + p["head_params.bias"]
+    fields_read = m + 3 + (2 * r + 1)
+    read_raw = raw[:, : hr * fields_read].reshape(b, hr, fields_read)
+    write_raw = raw[:, hr * fields_read :].reshape(b, hw, fields_read + 2 * m)
+
+    def head(raw_h):
+        s_end = m + 2 + 2 * r + 1
+        return {
+            "key": torch.tanh(raw_h[..., :m]),
+            "beta": tnf.softplus(raw_h[..., m : m + 1]),
+            "gate": torch.sigmoid(raw_h[..., m + 1 : m + 2]),
+            "s": torch.softmax(raw_h[..., m + 2 : s_end], dim=-1),
+            "gamma": 1.0 + tnf.softplus(raw_h[..., s_end : s_end + 1]),
+            "erase": torch.sigmoid(raw_h[..., s_end + 1 : s_end + 1 + m]),
+            "add": torch.tanh(raw_h[..., s_end + 1 + m :]),
+        }
+
+    def address(memory, w_prev, hp):
+        return F.address(memory, w_prev, hp["key"], hp["beta"], hp["gate"], hp["s"], hp["gamma"])
+
+    # Write heads address M_{t-1} and write; read heads address M_t and read it.
+    memory, w_write = state.memory, state.write_weights
+    if hw:
+        wp = head(write_raw)
+        w_write = address(memory, w_write, wp)
+        memory = F.write(memory, w_write, wp["erase"], wp["add"])
+    w_read = address(memory, state.read_weights, head(read_raw))
+    reads = F.read(memory, w_read)
+    logits = torch.cat([h, reads.reshape(b, hr * m)], -1) @ p["output.weight"].T + p["output.bias"]
+    return logits, NTMState(new_ctrl, memory, w_read, w_write, reads)
+
+
+@pytest.mark.parametrize(
+    "cfg",
+    [
+        {"read_heads": 2, "write_heads": 2},
+        {"controller_layers": 2, "shift_range": 2},
+        {"controller": "feedforward"},
+        {"write_heads": 0},
+    ],
+    ids=["heads_2r_2w", "lstm_2_layers_shift_2", "feedforward", "read_only"],
+)
+def test_cell_step_matches_a_reference_composed_from_parameters(cfg):
+    cell = build(NTMCell, dtype=torch.float64, **cfg)
+    x = inputs(shape=(B, IN))
+    for state in (random_state(cell, B, seed=2), cell.initial_state(B)):
+        logits, new_state = cell(x, state)
+        ref_logits, ref_state = reference_step(cell, x, state)
+        torch.testing.assert_close(logits, ref_logits, rtol=1e-10, atol=1e-12)
+        assert_states_close(new_state, ref_state, rtol=1e-10, atol=1e-12)
+
+
+# --------------------------------------------------------------------------------------------
+# The recurrent contract.
+# --------------------------------------------------------------------------------------------
+
+
+@config_params
+def test_stepping_the_cell_equals_the_sequence_module(cfg):
+    ntm = build(NTM, dtype=torch.float64, **cfg)
+    cell = build(NTMCell, seed=99, dtype=torch.float64, **cfg)  # other weights until loaded
+    cell.load_state_dict(ntm.state_dict())
+    x = inputs()
+    state0 = ntm.initial_state(B)  # shared, so that a random memory init is the same draw
+    logits, state = ntm(x, state0)
+    cell_state, steps = state0, []
+    for x_t in x:
+        y, cell_state = cell(x_t, cell_state)
+        steps.append(y)
+    torch.testing.assert_close(torch.stack(steps), logits, rtol=1e-12, atol=1e-12)
+    assert_states_close(cell_state, state, rtol=1e-12, atol=1e-12)
+    # And back: an NTM loads a cell's state_dict.
+    ntm2 = build(NTM, seed=98, dtype=torch.float64, **cfg)
+    ntm2.load_state_dict(cell.state_dict())
+    torch.testing.assert_close(ntm2(x, state0)[0], logits, rtol=0.0, atol=0.0)
+
+
+@config_params
+def test_two_halves_with_carried_state_equal_one_pass(cfg):
+    ntm = build(NTM, dtype=torch.float64, **cfg)
+    x = inputs()
+    state0 = ntm.initial_state(B)
+    full, full_state = ntm(x, state0)
+    # state0 is built from parameters and shared by both runs: keep its graph for the second.
+    named = [(n, p) for n, p in ntm.named_parameters() if p.numel()]  # skip (0, 1) focus
+    params = [p for _, p in named]
+    full_grads = torch.autograd.grad(full.square().sum(), params, retain_graph=True)
+    first, mid_state = ntm(x[:2], state0)
+    second, end_state = ntm(x[2:], mid_state)
+    halves = torch.cat([first, second])
+    torch.testing.assert_close(halves, full, rtol=1e-12, atol=1e-12)
+    assert_states_close(end_state, full_state, rtol=1e-12, atol=1e-12)
+    # The carried state keeps the graph: gradients of the whole sequence are the same.
+    half_grads = torch.autograd.grad(halves.square().sum(), params)
+    for (name, _), g1, g2 in zip(named, full_grads, half_grads):
+        torch.testing.assert_close(g2, g1, rtol=1e-10, atol=1e-12, msg=name)
+
+
+def test_batch_first_equals_time_major_transposed():
+    ntm = build(NTM, dtype=torch.float64, read_heads=2)
+    ntm_bf = build(NTM, seed=5, dtype=torch.float64, read_heads=2, batch_first=True)
+    ntm_bf.load_state_dict(ntm.state_dict())
+    x = inputs()  # (T, B, IN)
+    logits, state = ntm(x)
+    logits_bf, state_bf = ntm_bf(x.transpose(0, 1).contiguous())
+    assert logits_bf.shape == (B, T, OUT)
+    torch.testing.assert_close(logits_bf, logits.transpose(0, 1), rtol=1e-12, atol=1e-12)
+    assert_states_close(state_bf, state, rtol=1e-12, atol=1e-12)
+
+
+def test_the_module_holds_no_sequence_state():
+    # Running twice gives the same answer, and two interleaved sequences do not interfere.
+    cell = build(NTMCell, dtype=torch.float64)
+    xa, xb = inputs(seed=1), inputs(seed=2)
+    separate = []
+    for x in (xa, xb):
+        state, ys = None, []
+        for x_t in x:
+            y, state = cell(x_t, state)
+            ys.append(y)
+        separate.append(torch.stack(ys))
+    sa = sb = None
+    ya, yb = [], []
+    for xa_t, xb_t in zip(xa, xb):
+        y, sa = cell(xa_t, sa)
+        ya.append(y)
+        y, sb = cell(xb_t, sb)
+        yb.append(y)
+    torch.testing.assert_close(torch.stack(ya), separate[0], rtol=0.0, atol=0.0)
+    torch.testing.assert_close(torch.stack(yb), separate[1], rtol=0.0, atol=0.0)
+    assert not torch.allclose(separate[0], separate[1])
+
+
+@pytest.mark.parametrize("controller", ["lstm", "feedforward"])
+def test_float32_and_float64_models_agree(controller):
+    ntm64 = build(NTM, dtype=torch.float64, controller=controller, write_heads=2)
+    ntm32 = build(NTM, seed=7, controller=controller, write_heads=2)
+    ntm32.load_state_dict(ntm64.state_dict())  # copy_ casts to float32
+    assert all(p.dtype == torch.float32 for p in ntm32.parameters())
+    assert all(p.dtype == torch.float64 for p in ntm64.parameters())
+    x = inputs()
+    logits64, state64 = ntm64(x)
+    logits32, state32 = ntm32(x.float())
+    assert logits64.dtype == torch.float64 and logits32.dtype == torch.float32
+    assert state32.memory.dtype == torch.float32
+    torch.testing.assert_close(logits32, logits64.float(), rtol=1e-4, atol=1e-5)
+    state64_as_32 = NTMState(
+        tuple(t.float() for t in state64.controller), *(t.float() for t in state64[1:])
+    )
+    assert_states_close(state32, state64_as_32, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cuda_matches_cpu(dtype):
+    cpu = build(NTM, dtype=torch.float64, read_heads=2, write_heads=2)
+    gpu = build(NTM, seed=3, device="cuda", dtype=dtype, read_heads=2, write_heads=2)
+    gpu.load_state_dict(cpu.state_dict())
+    assert all(p.device.type == "cuda" for p in gpu.parameters())
+    x = inputs()
+    logits, state = gpu(x.to("cuda", dtype))
+    assert logits.device.type == "cuda" and state.memory.device.type == "cuda"
+    assert gpu.initial_state(B).memory.device.type == "cuda"
+    expected, _ = cpu(x)
+    tol = {"rtol": 1e-4, "atol": 1e-5} if dtype == torch.float32 else {}
+    torch.testing.assert_close(logits.cpu(), expected.to(dtype), **tol)
+    logits.square().sum().backward()
+    assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())
+
+
+# --------------------------------------------------------------------------------------------
+# Parameters, initial state, checkpoints.
+# --------------------------------------------------------------------------------------------
+
+
+def test_a_state_dict_loads_into_a_larger_memory_unchanged_and_runs():
+    small = build(NTM, memory_size=128, controller_size=6)
+    large = build(NTM, seed=4, memory_size=1024, controller_size=6)
+    large.load_state_dict(small.state_dict())  # strict: same names, same shapes
+    for (name, p_small), (_, p_large) in zip(small.named_parameters(), large.named_parameters()):
+        torch.testing.assert_close(p_large, p_small, rtol=0.0, atol=0.0, msg=name)
+    x = inputs(shape=(3, 2, IN), dtype=torch.float32)
+    logits, state = large(x)
+    assert state.memory.shape == (2, 1024, M)
+    assert torch.isfinite(logits).all()
+    torch.testing.assert_close(state.read_weights.sum(-1), torch.ones(2, 1))
+
+
+@config_params
+def test_every_parameter_gets_a_finite_nonzero_gradient(cfg):
+    # Default float32 and, for the constant init, the default 1e-6 memory: no NaN anywhere.
+    ntm = build(NTM, **cfg)
+    logits, state = ntm(inputs(dtype=torch.float32))
+    loss = logits.square().sum() + state.memory.square().sum() + state.reads.sum()
+    loss.backward()
+    assert torch.isfinite(logits).all()
+    for name, p in ntm.named_parameters():
+        if p.numel() == 0:  # write_focus0 of a model without write heads
+            continue
+        assert p.grad is not None, name
+        assert torch.isfinite(p.grad).all(), name
+        assert p.grad.abs().sum() > 0, name
+
+
+@pytest.mark.parametrize("memory_size", [7, 128])
+@config_params
+def test_initial_state(cfg, memory_size):
+    ntm = build(NTM, memory_size=memory_size, **cfg)
+    state = ntm.initial_state(B)
+    hr, hw = ntm.read_heads, ntm.write_heads
+    assert state.memory.shape == (B, memory_size, M)
+    assert state.read_weights.shape == (B, hr, memory_size)
+    assert state.write_weights.shape == (B, hw, memory_size)
+    assert state.reads.shape == (B, hr, M)
+    for w in (state.read_weights, state.write_weights):
+        assert (w >= 0).all()
+        torch.testing.assert_close(w.sum(-1), torch.ones(B, w.shape[1]))
+        assert (w[..., 0] > 0.99).all()  # focused on row 0 after initialisation
+    if ntm.memory_init == "constant":
+        expected = torch.full_like(state.memory, 1e-6)
+        torch.testing.assert_close(state.memory, expected, rtol=0.0, atol=0.0)
+    elif ntm.memory_init == "learned":
+        expected = ntm.memory0.expand_as(state.memory)  # one learned row, shared by all rows
+        torch.testing.assert_close(state.memory, expected, rtol=0.0, atol=0.0)
+    else:  # random: small, and drawn anew for every sequence
+        again = ntm.initial_state(B).memory
+        assert not torch.allclose(again, state.memory)
+        assert state.memory.abs().max() <= 1.0 / (memory_size + M) ** 0.5
+    if ntm.controller_type == "lstm":
+        h, c = state.controller
+        assert h.shape == c.shape == (ntm.controller_layers, B, ntm.controller_size)
+    else:
+        assert state.controller == ()
+
+
+def test_initial_state_follows_the_requested_dtype():
+    ntm = build(NTM)
+    state = ntm.initial_state(2, dtype=torch.float64)
+    assert all(t.dtype == torch.float64 for t in (*state.controller, *state[1:]))
+    torch.testing.assert_close(state.reads, ntm.reads0.double().expand(2, -1, -1))
+    # And an NTM of float64 parameters (dtype=) starts from a float64 state by default.
+    ntm64 = build(NTM, dtype=torch.float64)
+    assert ntm64.initial_state(2).memory.dtype == torch.float64
+
+
+def test_lstm_forget_gate_bias_is_one():
+    ntm = build(NTM, controller_layers=2)
+    c = ntm.controller_size
+    biases = {n: p for n, p in ntm.named_parameters() if "bias_ih" in n or "bias_hh" in n}
+    assert len(biases) == 4
+    for layer in range(2):
+        pre = f"controller.cells.{layer}."
+        total = biases[pre + "bias_ih"] + biases[pre + "bias_hh"]
+        torch.testing.assert_close(total[c : 2 * c], torch.ones(c), rtol=0.0, atol=0.0)
+        assert not torch.allclose(total[:c], torch.ones(c))  # the other gates keep their init
+
+
+# --------------------------------------------------------------------------------------------
+# The trace.
+# --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cfg", [{"read_heads": 3, "write_heads": 2}, {"write_heads": 0}])
+def test_trace_records_every_step_and_matches_forward(cfg):
+    ntm = build(NTM, dtype=torch.float64, batch_first=True, **cfg)
+    x = inputs(shape=(B, T, IN))
+    state0 = ntm.initial_state(B)
+    logits, state = ntm(x, state0)
+    t_logits, t_state, trace = ntm.trace(x, state0)
+    assert isinstance(trace, NTMTrace)
+    torch.testing.assert_close(t_logits, logits, rtol=0.0, atol=0.0)
+    assert_states_close(t_state, state, rtol=0.0, atol=0.0)
+    hr, hw = ntm.read_heads, ntm.write_heads
+    assert trace.read_weights.shape == (T, B, hr, N)
+    assert trace.write_weights.shape == (T, B, hw, N)
+    assert trace.erase.shape == trace.add.shape == (T, B, hw, M)
+    assert trace.memory.shape == (T, B, N, M)
+    # The last step is the returned state, and each recorded memory is the previous one with the
+    # recorded weighting, erase and add written into it.
+    torch.testing.assert_close(trace.memory[-1], state.memory, rtol=0.0, atol=0.0)
+    torch.testing.assert_close(trace.read_weights[-1], state.read_weights, rtol=0.0, atol=0.0)
+    torch.testing.assert_close(trace.write_weights[-1], state.write_weights, rtol=0.0, atol=0.0)
+    previous = state0.memory
+    for t in range(T):
+        expected = F.write(previous, trace.write_weights[t], trace.erase[t], trace.add[t])
+        torch.testing.assert_close(trace.memory[t], expected, rtol=1e-12, atol=1e-12)
+        previous = trace.memory[t]
+    for w in (trace.read_weights, trace.write_weights):
+        torch.testing.assert_close(w.sum(-1), torch.ones(w.shape[:-1], dtype=torch.float64))
+    assert ((trace.erase >= 0) & (trace.erase <= 1)).all()
+
+
+# --------------------------------------------------------------------------------------------
+# Errors that say what was expected and what was given.
+# --------------------------------------------------------------------------------------------
+
+
+def test_wrong_input_width_or_rank_names_expected_and_actual_shape():
+    ntm, cell = build(NTM), build(NTMCell)
+    ntm_bf = build(NTM, batch_first=True)
+    with pytest.raises(ValueError, match=r"\[time, batch, 4\], got \[6, 3, 5\]"):
+        ntm(torch.zeros(T, B, IN + 1))
+    with pytest.raises(ValueError, match=r"\[time, batch, 4\], got \[3, 4\]"):
+        ntm(torch.zeros(B, IN))
+    with pytest.raises(ValueError, match=r"\[batch, time, 4\], got \[3, 6, 2\]"):
+        ntm_bf(torch.zeros(B, T, 2))
+    with pytest.raises(ValueError, match=r"\[batch, 4\], got \[3, 5\]"):
+        cell(torch.zeros(B, IN + 1))
+    with pytest.raises(ValueError, match=r"\[batch, 4\], got \[6, 3, 4\]"):
+        cell(torch.zeros(T, B, IN))
+
+
+def test_state_from_another_batch_size_is_rejected():
+    ntm, cell = build(NTM), build(NTMCell)
+    pattern = r"state\.memory has shape \[2, 7, 5\], expected \[3, 7, 5\]"
+    with pytest.raises(ValueError, match=pattern):
+        ntm(torch.zeros(T, B, IN), ntm.initial_state(2))
+    with pytest.raises(ValueError, match=pattern):
+        cell(torch.zeros(B, IN), cell.initial_state(2))
+    _, state = ntm(torch.zeros(T, 2, IN))  # a state returned by forward, too
+    with pytest.raises(ValueError, match=pattern):
+        ntm(torch.zeros(T, B, IN), state)
+
+
+def test_unknown_names_list_the_valid_choices():
+    with pytest.raises(
+        ValueError, match=r"unknown controller 'gru'; valid choices: feedforward, lstm"
+    ):
+        build(NTM, controller="gru")
+    with pytest.raises(
+        ValueError, match=r"unknown memory_init 'zeros'; valid choices: constant, learned, random"
+    ):
+        build(NTMCell, memory_init="zeros")
+
+
+def test_shift_range_must_fit_in_memory():
+    with pytest.raises(ValueError, match=r"shift_range=4 needs 2\*shift_range\+1 <= memory_size"):
+        build(NTM, shift_range=4)  # 9 > N = 7
