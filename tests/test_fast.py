@@ -139,3 +139,16 @@ def test_compiled_matches_and_does_not_recompile():
         x = torch.randn(steps, 2, 6)
         _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == graphs  # no recompilation for a new length
+
+
+def test_fast_forward_function_matches_eager():
+    model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 3, 5)
+    from torch_ntm.fast import fast_forward
+
+    eager = _run(model, model, x)
+    _assert_same(eager, _run(lambda x, s: fast_forward(model, x, s), model, x), rtol=1e-10, atol=1e-12)
+    with torch.no_grad():  # parameters changed in place: the cached layout still sees them
+        for p in model.parameters():
+            p.add_(0.01)
+    _assert_same(_run(model, model, x), _run(lambda x, s: fast_forward(model, x, s), model, x),
+                 rtol=1e-10, atol=1e-12)

@@ -26,6 +26,8 @@ from torch_ntm.model import NTM
 __all__ = ["run_bench", "format_table", "PATHS"]
 
 PATHS = ("fast", "eager")
+# Also measurable on request: the fast path without torch.compile.
+_EXTRA_PATHS = ("fast-uncompiled",)
 
 # The copy task of the paper: 8 data bits plus a delimiter channel in, 8 bits out.
 _INPUT_SIZE, _OUTPUT_SIZE = 9, 8
@@ -61,11 +63,16 @@ def _masked_bce(logits, targets, mask):
 def _forward_fn(path: str, model: NTM):
     if path == "eager":
         return model
-    if path == "fast":
-        from torch_ntm.fast import make_fast
+    from torch_ntm.fast import make_fast
 
-        return make_fast(model)
-    raise ValueError(f"unknown path {path!r}; valid choices: {', '.join(sorted(PATHS))}")
+    return make_fast(model, compile=path == "fast")
+
+
+def _compiled_graphs() -> int:
+    """How many graphs torch.compile has built in this process so far."""
+    from torch._dynamo.utils import counters
+
+    return counters["stats"]["unique_graphs"]
 
 
 def _sync(device: torch.device) -> None:
@@ -125,7 +132,7 @@ def run_bench(
         memory_sizes: memory rows N to measure (memory width 20, the paper's copy model).
         steps: timed calls per repeat (training steps, and inference passes).
         device: where the model and data live.
-        paths: any of ``"fast"``, ``"eager"``.
+        paths: any of ``"fast"`` (compiled), ``"eager"``, ``"fast-uncompiled"``.
         threads: ``torch.set_num_threads`` for the run (restored after); None keeps the current.
         repeats: interleaved repeats; the reported figures are medians over them.
         seed: seed of the parameters and of the data.
@@ -133,12 +140,14 @@ def run_bench(
     Returns:
         One dict per (memory size, batch size, path) with keys ``path, device, batch_size,
         seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``compile_s`` (warm-up
-        time beyond a steady-state step, i.e. compilation), ``threads`` and ``steps``.
+        time beyond a steady-state step, i.e. compilation), ``threads``, ``steps`` and
+        ``graphs_compiled_while_timing`` (0 unless something recompiled after warm-up).
     """
     device = torch.device(device)
     for path in paths:
-        if path not in PATHS:
-            raise ValueError(f"unknown path {path!r}; valid choices: {', '.join(sorted(PATHS))}")
+        if path not in PATHS + _EXTRA_PATHS:
+            valid = ", ".join(sorted(PATHS + _EXTRA_PATHS))
+            raise ValueError(f"unknown path {path!r}; valid choices: {valid}")
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -155,12 +164,14 @@ def run_bench(
                     t_train = r.time(r.train_step, 1) + r.time(r.train_step, 1)
                     t_infer = r.time(r.infer_step, 1) + r.time(r.infer_step, 1)
                     warmup[p] = (t_train, t_infer)
+                graphs_before = _compiled_graphs()
                 train = {p: [] for p in paths}
                 infer = {p: [] for p in paths}
                 for _ in range(repeats):
                     for p, r in runners.items():
                         train[p].append(r.time(r.train_step, steps))
                         infer[p].append(r.time(r.infer_step, steps))
+                new_graphs = _compiled_graphs() - graphs_before  # should be 0: no recompiles
                 for p in paths:
                     t_train, t_infer = statistics.median(train[p]), statistics.median(infer[p])
                     w_train, w_infer = warmup[p]
@@ -176,6 +187,7 @@ def run_bench(
                             "compile_s": max(0.0, w_train - 2 * t_train)
                             + max(0.0, w_infer - 2 * t_infer),
                             "threads": torch.get_num_threads(),
+                            "graphs_compiled_while_timing": new_graphs,
                             "steps": steps,
                         }
                     )
@@ -187,14 +199,14 @@ def run_bench(
 def format_table(records: list[dict]) -> str:
     """A plain-text table of the records, with fast/eager ratios where both were measured."""
     header = (
-        f"{'path':<6} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
+        f"{'path':<15} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
         f"{'train seq/s':>11} {'infer seq/s':>11} {'compile s':>9}"
     )
     lines = [header, "-" * len(header)]
     by_key = {}
     for r in records:
         lines.append(
-            f"{r['path']:<6} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
+            f"{r['path']:<15} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
             f"{r['memory_size']:>5} {r['train_seq_per_s']:>11.1f} {r['infer_seq_per_s']:>11.1f} "
             f"{r.get('compile_s', 0.0):>9.1f}"
         )
@@ -202,10 +214,12 @@ def format_table(records: list[dict]) -> str:
         by_key.setdefault(key, {})[r["path"]] = r
     ratios = []
     for (dev, b, L, n), rs in by_key.items():
-        if "fast" in rs and "eager" in rs:
-            tr = rs["fast"]["train_seq_per_s"] / rs["eager"]["train_seq_per_s"]
-            inf = rs["fast"]["infer_seq_per_s"] / rs["eager"]["infer_seq_per_s"]
-            ratios.append(
-                f"fast/eager {dev} batch {b} L {L} N {n}: train x{tr:.2f}, infer x{inf:.2f}"
-            )
+        for path in ("fast",) + _EXTRA_PATHS:
+            if path in rs and "eager" in rs:
+                tr = rs[path]["train_seq_per_s"] / rs["eager"]["train_seq_per_s"]
+                inf = rs[path]["infer_seq_per_s"] / rs["eager"]["infer_seq_per_s"]
+                ratios.append(
+                    f"{path}/eager {dev} batch {b} L {L} N {n}: "
+                    f"train x{tr:.2f}, infer x{inf:.2f}"
+                )
     return "\n".join(lines + ratios)
