@@ -91,7 +91,7 @@ _LSTM = {"model": "lstm", "controller_layers": 3}
 PRESETS: dict[str, dict[str, dict]] = {
     "copy": {
         "ntm-lstm": {
-            "optimizer": "adam", "lr": 1e-3, "batch_size": 16, "clip_value": 0.0,
+            "optimizer": "adam", "lr": 3e-3, "batch_size": 16, "clip_value": 0.0,
             "clip_norm": 10.0, "stop_bit_errors": 0.0, "patience_evals": 2,
             "max_sequences": 500_000, "eval_every": 100,
         },
