@@ -133,12 +133,14 @@ def test_compiled_matches_and_does_not_recompile():
 
     model, x = _model_and_input({}, torch.float32, 2, 6)
     compiled = make_fast(model, compile=True)
+    before = counters["stats"]["unique_graphs"]
     _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
     graphs = counters["stats"]["unique_graphs"]
     for steps in (3, 9):
         x = torch.randn(steps, 2, 6)
         _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == graphs  # no recompilation for a new length
+    assert graphs - before <= 2  # one forward and one backward graph, the first step included
 
 
 def test_fast_forward_function_matches_eager():

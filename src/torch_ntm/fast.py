@@ -127,11 +127,11 @@ def _shift_backward(dout: Tensor, w: Tensor, s: Tensor, r: int) -> tuple[Tensor,
 
 
 def _address(memory, msq, w_prev, key, beta, gate, s, gamma, r: int, tiny: float):
-    """`functional.address` with the squared row norms ``msq [B, N]`` given.
+    """`functional.address` of a transposed memory ``[B, M, N]``, squared row norms ``msq [B, N]``.
 
     Returns ``(w, saved)``; ``saved`` is what `_address_backward` needs.
     """
-    dot = torch.bmm(key, memory.transpose(1, 2))  # (B, H, N)
+    dot = torch.bmm(key, memory)  # (B, H, N)
     ksq = key.square().sum(-1, keepdim=True)  # (B, H, 1)
     inv = torch.rsqrt((ksq + EPS) * (msq.unsqueeze(1) + EPS))
     cos = dot * inv
@@ -164,8 +164,8 @@ def _address_backward(dw, memory, msq, w_prev, key, beta, gate, s, gamma, saved,
     t = dcos * cos  # d cos / d (norm^2) = -cos / (2 (norm^2 + EPS))
     dksq = -0.5 * t.sum(-1, keepdim=True) / (ksq + EPS)
     dmsq = -0.5 * t.sum(1) / (msq + EPS)  # (B, N)
-    dkey = torch.bmm(ddot, memory) + 2.0 * key * dksq
-    dmemory = torch.bmm(ddot.transpose(1, 2), key)  # (B, N, M); plus 2 M dmsq, added by caller
+    dkey = torch.bmm(ddot, memory.transpose(1, 2)) + 2.0 * key * dksq
+    dmemory = torch.bmm(key.transpose(1, 2), ddot)  # (B, M, N); plus 2 M dmsq, added by caller
     return dw_prev, dkey, dbeta, dgate, ds, dgamma, dmemory, dmsq
 
 
@@ -238,13 +238,13 @@ def _step(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
             sp[:, :hw].unsqueeze(-1), sg[:, hw * m : hw * m + hw].unsqueeze(-1),
             sm[:, :hw], gam[:, :hw].unsqueeze(-1), r, tiny,
         )  # fmt: skip
-        wt = w_write.transpose(1, 2)  # (B, N, Hw)
+        et = erase.transpose(1, 2)  # (B, M, Hw)
         if hw == 1:
-            keep = 1.0 - wt * erase  # (B, N, M)
+            keep = 1.0 - et * w_write  # (B, M, N)
         else:
-            keep = (1.0 - wt.unsqueeze(-1) * erase.unsqueeze(1)).prod(2)
-        memory = memory * keep + torch.bmm(wt, add)
-        msq = memory.square().sum(-1)
+            keep = (1.0 - et.unsqueeze(-1) * w_write.unsqueeze(1)).prod(2)
+        memory = memory * keep + torch.bmm(add.transpose(1, 2), w_write)
+        msq = memory.square().sum(1)
 
     # Read from the memory after the write.
     rkey = ta[:, 2 * hw * m :].view(b, hr, m)
@@ -253,7 +253,7 @@ def _step(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
         sp[:, hw : hw + hr].unsqueeze(-1), sg[:, hw * m + hw :].unsqueeze(-1),
         sm[:, hw:], gam[:, hw:].unsqueeze(-1), r, tiny,
     )  # fmt: skip
-    reads = torch.bmm(w_read, memory)  # (B, Hr, M)
+    reads = torch.bmm(w_read, memory.transpose(1, 2))  # (B, Hr, M)
     saved = (ctrl_saved, cs, heads, w_saved, keep, r_saved)
     return h, (new_h, new_c, memory, msq, w_read, w_write, reads), saved
 
@@ -286,8 +286,8 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
 
     # Read: reads = w_read @ memory.
     dreads = dreads + dr_out
-    dwr_t = dwr + torch.bmm(dreads, memory.transpose(1, 2))
-    dmem_r = dmem + torch.bmm(w_read.transpose(1, 2), dreads)
+    dwr_t = dwr + torch.bmm(dreads, memory)
+    dmem_r = dmem + torch.bmm(dreads.transpose(1, 2), w_read)
     rkey = ta[:, 2 * hw * m :].view(b, hr, m)
     n_tanh, n_sig, n_sp, _ = _head_blocks(cfg)
     o2 = n_tanh + n_sig
@@ -298,28 +298,29 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
     )  # fmt: skip
     dwr_prev, drkey, drbeta, drgate, drshift, drgamma, dmem_a, dmsq_a = d_read
     dmsq = dmsq + dmsq_a
-    dmem = dmem_r + dmem_a + 2.0 * memory * dmsq.unsqueeze(-1)
+    dmem = dmem_r + dmem_a + 2.0 * memory * dmsq.unsqueeze(1)
 
     # Write: memory = mem_prev * keep + w^T add.
     if hw:
         wkey = ta[:, : hw * m].view(b, hw, m)
         add = ta[:, hw * m : 2 * hw * m].view(b, hw, m)
         erase = sg[:, : hw * m].view(b, hw, m)
-        dadd = torch.bmm(w_write, dmem)  # (B, Hw, M)
-        dww_t = dww + torch.bmm(add, dmem.transpose(1, 2))  # (B, Hw, N)
+        dadd = torch.bmm(w_write, dmem.transpose(1, 2))  # (B, Hw, M)
+        dww_t = dww + torch.bmm(add, dmem)  # (B, Hw, N)
         dkeep = dmem * mem_prev
-        if hw == 1:  # keep = 1 - w e^T
-            dww_t = dww_t - torch.bmm(erase, dkeep.transpose(1, 2))
-            derase = -torch.bmm(w_write, dkeep)
-        else:  # keep = prod_h f_h, f_h = 1 - w_h e_h^T; d f_h = dkeep * prod_{h' != h} f_h'
-            wt = w_write.transpose(1, 2).unsqueeze(-1)  # (B, N, Hw, 1)
-            f = 1.0 - wt * erase.unsqueeze(1)  # (B, N, Hw, M)
+        if hw == 1:  # keep = 1 - e w^T
+            dww_t = dww_t - torch.bmm(erase, dkeep)
+            derase = -torch.bmm(w_write, dkeep.transpose(1, 2))
+        else:  # keep = prod_h f_h, f_h = 1 - e_h w_h^T; d f_h = dkeep * prod_{h' != h} f_h'
+            et = erase.transpose(1, 2).unsqueeze(-1)  # (B, M, Hw, 1)
+            wv = w_write.unsqueeze(1)  # (B, 1, Hw, N)
+            f = 1.0 - et * wv  # (B, M, Hw, N)
             ones = torch.ones_like(f[:, :, :1])
             before = torch.cat([ones, f[:, :, :-1].cumprod(2)], dim=2)
             after = torch.cat([f[:, :, 1:].flip(2).cumprod(2).flip(2), ones], dim=2)
             df = dkeep.unsqueeze(2) * before * after
-            dww_t = dww_t - (df * erase.unsqueeze(1)).sum(-1).transpose(1, 2)
-            derase = -(df * wt).sum(1)
+            dww_t = dww_t - (df * et).sum(1)
+            derase = -(df * wv).sum(-1).transpose(1, 2)
         dmem = dmem * keep
         d_write = _address_backward(
             dww_t, mem_prev, msq_prev, ww_prev, wkey, sp[:, :hw].unsqueeze(-1),
@@ -367,7 +368,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
             dgates = torch.cat([dsig, dc * i * (1.0 - g.square())], dim=1)
             dc_prev[layer] = dc * f
             dz = torch.mm(dgates, weights[layer])
-            dh_prev[layer] = dz[:, -c:].contiguous()
+            dh_prev[layer] = dz[:, -c:]
             dh = dz[:, :-c]  # gradient of the layer's input
             dpre[layer] = dgates
         else:
@@ -377,7 +378,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
             dpre[layer] = da
     if not cfg.lstm:
         dh_prev, dc_prev = [], []
-    dreads_prev = dh.reshape(b, hr, m).contiguous()
+    dreads_prev = dh.view(b, hr, m)
     grads_prev = (dh_prev, dc_prev, dmem, dmsq_prev, dwr_prev, dww_prev, dreads_prev)
     return grads_prev, dpre, draw
 
@@ -453,23 +454,34 @@ class _Sequence(torch.autograd.Function):
         cfg = steps.cfg
         hs, wp, *weights = ctx.saved_tensors
         last = states[-1]
-        zeros = torch.zeros_like
-        dhs_out = zeros(hs) if dhs_out is None else dhs_out
-        if dreads_out is None:
-            dreads_out = last[6].new_zeros((len(saved), *last[6].shape))
+
+        def grad_or_zeros(grad, like):  # contiguous, so that every step runs the same graph
+            return torch.zeros_like(like) if grad is None else grad.contiguous()
+
+        dhs_out = grad_or_zeros(dhs_out, hs)
+        dreads_out = grad_or_zeros(dreads_out, torch.stack([st[6] for st in states[1:]]))
+        # The gradients a step passes back for h and the reads are slices of one matmul's output
+        # (see `_step_backward`); start from slices of the same layout.
+        b, c = hs.shape[1], cfg.hidden
+        dreads = torch.zeros_like(last[6])
+        dh, dc = [], []
         if cfg.lstm:
-            dh = [zeros(h) for h in last[0]] if dh_last is None else list(dh_last.unbind(0))
-            dc = [zeros(c) for c in last[1]] if dc_last is None else list(dc_last.unbind(0))
-        else:
-            dh, dc = [], []
+            dz = [hs.new_zeros(b, w.shape[1]) for w in weights]
+            hr, m = cfg.read_heads, cfg.width
+            dreads = dz[0].as_strided((b, hr, m), (dz[0].shape[1], m, 1))  # dz[0][:, :-c]
+            dh = [z[:, -c:] for z in dz]
+            if dh_last is not None:
+                for d, g in zip(dh, dh_last.unbind(0)):
+                    d.copy_(g)
+            dc = list(grad_or_zeros(dc_last, torch.stack(last[1])).unbind(0))
         grads = (
             dh,
             dc,
-            zeros(last[2]) if dmem is None else dmem,
-            zeros(last[3]),
-            zeros(last[4]) if dwr is None else dwr,
-            zeros(last[5]) if dww is None else dww,
-            zeros(last[6]),
+            grad_or_zeros(dmem, last[2]),
+            torch.zeros_like(last[3]),
+            grad_or_zeros(dwr, last[4]),
+            grad_or_zeros(dww, last[5]),
+            dreads,
         )
         dpres, draws = [[] for _ in range(cfg.layers)], []
         for t in reversed(range(len(saved))):
@@ -592,8 +604,10 @@ class FastNTM:
         steps = self._steps(x.dtype)
         h0 = list(state.controller[0].unbind(0)) if cfg.lstm else []
         c0 = list(state.controller[1].unbind(0)) if cfg.lstm else []
-        memory = state.memory
-        msq = memory.square().sum(-1)
+        # The steps keep memory transposed, [B, M, N]: the reductions over a row's M entries
+        # then run along the contiguous N axis, which vectorises (measured 1.1-1.2x faster).
+        memory = state.memory.transpose(1, 2)
+        msq = memory.square().sum(1)
         inputs = (xpre, wp, bp, memory, msq, state.read_weights, state.write_weights, state.reads)
         inputs += (*weights, *biases, *h0, *c0)
         if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
@@ -609,7 +623,7 @@ class FastNTM:
             memory, w_read, w_write = last[2], last[4], last[5]
             controller = (torch.stack(last[0]), torch.stack(last[1])) if cfg.lstm else ()
         logits = model.output(torch.cat([hs, reads.flatten(2)], dim=-1))
-        final = NTMState(controller, memory, w_read, w_write, reads[-1])
+        final = NTMState(controller, memory.transpose(1, 2), w_read, w_write, reads[-1])
         return (logits.transpose(0, 1) if model.batch_first else logits), final
 
 
