@@ -388,6 +388,12 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
 # ------------------------------------------------------------------------------------------------
 
 
+def _step_lean(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
+    """`_step` without its intermediates, for inference: ``(h_top, state, ())``."""
+    h, state, _ = _step(cfg, tiny, xpre, weights, biases, wp, bp, state)
+    return h, state, ()
+
+
 class _Steps(NamedTuple):
     """The step functions a sequence runs (plain or compiled) and the static config."""
 
@@ -395,13 +401,16 @@ class _Steps(NamedTuple):
     tiny: float
     step: object
     step_backward: object
+    step_lean: object  # for inference
 
 
 def _run_forward(steps: _Steps, xpre, weights, biases, wp, bp, state, keep: bool):
-    """Run all T steps. Returns ``(hs [T, B, C], reads [T, B, Hr, M], states, saved)``."""
+    """Run all T steps. Returns ``(hs [T, B, C], reads [T, B, Hr, M], states, saved)``: every
+    step's states and intermediates if ``keep``, else only the last state."""
     hs, reads, states, saved = [], [], [state], []
+    step = steps.step if keep else steps.step_lean
     for t in range(xpre.shape[0]):
-        h, state, sv = steps.step(steps.cfg, steps.tiny, xpre[t], weights, biases, wp, bp, state)
+        h, state, sv = step(steps.cfg, steps.tiny, xpre[t], weights, biases, wp, bp, state)
         hs.append(h)
         reads.append(state[-1])
         if keep:
@@ -520,15 +529,17 @@ _COMPILED: dict = {}
 
 
 def _compiled_steps():
-    """The two step functions compiled once per process (graphs are shared by all models)."""
+    """The step functions compiled once per process (graphs are shared by all models)."""
     if not _COMPILED:
         # Static shapes: measured 1.3x faster than dynamic ones (a new batch size or memory size
         # compiles anew; a new sequence length does not). The C++ wrapper cuts the per-call
         # overhead of the generated code by ~10%, which matters at ~20 kernels per step.
+        # Recomputing the step in the backward instead of keeping its intermediates was measured
+        # as fast at batch 1 and 10% slower at batch 16, so they are kept.
         options = {"cpp_wrapper": True}
-        for name, fn in (("step", _step), ("step_backward", _step_backward)):
-            _COMPILED[name] = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
-    return _COMPILED["step"], _COMPILED["step_backward"]
+        for fn in (_step, _step_backward, _step_lean):
+            _COMPILED[fn] = torch.compile(fn, fullgraph=True, dynamic=False, options=options)
+    return _COMPILED[_step], _COMPILED[_step_backward], _COMPILED[_step_lean]
 
 
 class FastNTM:
@@ -562,8 +573,8 @@ class FastNTM:
         )
 
     def _steps(self, dtype: torch.dtype) -> _Steps:
-        step, step_backward = _compiled_steps() if self.compile else (_step, _step_backward)
-        return _Steps(self._cfg, torch.finfo(dtype).tiny, step, step_backward)
+        fns = _compiled_steps() if self.compile else (_step, _step_backward, _step_lean)
+        return _Steps(self._cfg, torch.finfo(dtype).tiny, *fns)
 
     def _parameters(self, model: NTM, x: Tensor):
         """The weights in the layout of `_step` (differentiably), and ``xpre`` for all steps."""
