@@ -17,6 +17,20 @@ CONFIGS = {
 SMALL = {"controller_size": 11, "memory_size": 7, "memory_width": 5}
 
 
+def _eager(model):
+    """The reference: `NTM._step` looped over time (independent of what `NTM.forward` runs)."""
+
+    def forward(x, state=None):
+        x, state = model._prepare(x, state)
+        outputs = []
+        for x_t in x:
+            y, state = model._step(x_t, state)
+            outputs.append(y)
+        return model._finish(outputs), state
+
+    return forward
+
+
 def _loss(logits, state):
     """A loss that reaches every output and every part of the final state."""
     loss = logits.square().sum() + state.memory.sum() + state.reads.square().sum()
@@ -62,7 +76,7 @@ def _model_and_input(config, dtype, batch, steps, seed=0):
 @pytest.mark.parametrize("batch,steps", [(1, 4), (3, 7)])
 def test_matches_eager_float64(name, batch, steps):
     model, x = _model_and_input(CONFIGS[name], torch.float64, batch, steps)
-    eager = _run(model, model, x)
+    eager = _run(_eager(model), model, x)
     fast = _run(make_fast(model), model, x)
     _assert_same(eager, fast, rtol=1e-10, atol=1e-12)
 
@@ -71,7 +85,7 @@ def test_matches_eager_float32_paper_model():
     torch.manual_seed(1)
     model = NTM(9, 8)  # the copy model of the paper: LSTM 100, memory 128 x 20
     x = torch.randint(0, 2, (41, 3, 9)).float()
-    eager = _run(model, model, x)
+    eager = _run(_eager(model), model, x)
     fast = _run(make_fast(model), model, x)
     _assert_same(eager, fast, rtol=1e-4, atol=1e-5)
 
@@ -79,7 +93,7 @@ def test_matches_eager_float32_paper_model():
 def test_carried_state_equals_one_pass():
     model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 3, 9)
     fast = make_fast(model)
-    whole = _run(model, model, x)
+    whole = _run(_eager(model), model, x)
 
     def in_two(x, state):
         y1, s1 = fast(x[:4], state)
@@ -94,7 +108,7 @@ def test_given_state_gets_gradients():
     state = model.initial_state(2)
     memory = (state.memory + 0.1 * torch.randn_like(state.memory)).requires_grad_()
     grads = []
-    for fn in (model, make_fast(model)):
+    for fn in (_eager(model), make_fast(model)):
         logits, final = fn(x, state._replace(memory=memory))
         (g,) = torch.autograd.grad(_loss(logits, final), memory)
         grads.append(g)
@@ -103,7 +117,7 @@ def test_given_state_gets_gradients():
 
 def test_no_grad_and_inference_mode():
     model, x = _model_and_input(CONFIGS["deep-lstm"], torch.float64, 2, 5)
-    expected, _ = model(x)
+    expected, _ = _eager(model)(x)
     fast = make_fast(model)
     with torch.no_grad():
         torch.testing.assert_close(fast(x)[0], expected.detach())
@@ -118,7 +132,7 @@ def test_no_nan_with_one_hot_weightings():
         model.head_params.bias.fill_(60.0)
     fast = _run(make_fast(model), model, x)
     assert all(torch.isfinite(g).all() for g in fast[3].values())
-    _assert_same(_run(model, model, x), fast, rtol=1e-8, atol=1e-10)
+    _assert_same(_run(_eager(model), model, x), fast, rtol=1e-8, atol=1e-10)
 
 
 def test_rejects_other_modules():
@@ -134,14 +148,14 @@ def test_compiled_matches_and_does_not_recompile():
     model, x = _model_and_input({}, torch.float32, 2, 6)
     compiled = make_fast(model, compile=True)
     before = counters["stats"]["unique_graphs"]
-    _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
+    _assert_same(_run(_eager(model), model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
     graphs = counters["stats"]["unique_graphs"]
     for steps in (3, 9):
         x = torch.randn(steps, 2, 6)
-        _assert_same(_run(model, model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
+        _assert_same(_run(_eager(model), model, x), _run(compiled, model, x), rtol=1e-4, atol=1e-5)
     assert counters["stats"]["unique_graphs"] == graphs  # no recompilation for a new length
     with torch.no_grad():  # inference runs a leaner graph of its own
-        torch.testing.assert_close(compiled(x)[0], model(x)[0], rtol=1e-4, atol=1e-5)
+        torch.testing.assert_close(compiled(x)[0], _eager(model)(x)[0], rtol=1e-4, atol=1e-5)
     assert graphs - before <= 2  # one forward and one backward graph, the first step included
 
 
@@ -149,10 +163,28 @@ def test_fast_forward_function_matches_eager():
     model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 3, 5)
     from torch_ntm.fast import fast_forward
 
-    eager = _run(model, model, x)
+    eager = _run(_eager(model), model, x)
     _assert_same(eager, _run(lambda x, s: fast_forward(model, x, s), model, x), rtol=1e-10, atol=1e-12)
     with torch.no_grad():  # parameters changed in place: the cached layout still sees them
         for p in model.parameters():
             p.add_(0.01)
-    _assert_same(_run(model, model, x), _run(lambda x, s: fast_forward(model, x, s), model, x),
+    _assert_same(_run(_eager(model), model, x), _run(lambda x, s: fast_forward(model, x, s), model, x),
                  rtol=1e-10, atol=1e-12)
+
+
+def test_bench_records_and_table():
+    from torch_ntm.bench import format_table, run_bench
+
+    records = run_bench(
+        batch_sizes=(2,), seq_len=2, memory_sizes=(8,), steps=1, repeats=1,
+        paths=("fast-uncompiled", "eager"), threads=1,
+    )  # fmt: skip
+    keys = {"path", "device", "batch_size", "seq_len", "memory_size", "train_seq_per_s",
+            "infer_seq_per_s"}  # fmt: skip
+    assert [r["path"] for r in records] == ["fast-uncompiled", "eager"]
+    for r in records:
+        assert keys <= r.keys() and r["train_seq_per_s"] > 0 and r["infer_seq_per_s"] > 0
+        assert (r["batch_size"], r["seq_len"], r["memory_size"]) == (2, 2, 8)
+    assert "fast-uncompiled/eager" in format_table(records)
+    with pytest.raises(ValueError, match="valid choices"):
+        run_bench(paths=("turbo",))

@@ -60,9 +60,23 @@ def _masked_bce(logits, targets, mask):
     return (loss * mask).sum() / mask.sum()
 
 
+def _eager_forward(model: NTM):
+    """The plain eager path: `NTM._step` looped over time, whatever `NTM.forward` dispatches to."""
+
+    def forward(x, state=None):
+        x, state = model._prepare(x, state)
+        outputs = []
+        for x_t in x:
+            y, state = model._step(x_t, state)
+            outputs.append(y)
+        return model._finish(outputs), state
+
+    return forward
+
+
 def _forward_fn(path: str, model: NTM):
     if path == "eager":
-        return model
+        return _eager_forward(model)
     from torch_ntm.fast import make_fast
 
     return make_fast(model, compile=path == "fast")
