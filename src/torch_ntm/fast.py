@@ -12,7 +12,8 @@ same thing with fewer, larger operations:
   gradients are summed over all steps with one matmul each after the loop;
 * the head layer's rows are permuted once per call so that one activation op covers each kind of
   field of every head (all tanh fields, all sigmoid fields, ...);
-* the squared row norms of memory are carried in the state, so each memory is reduced once;
+* the squared row norms of memory are carried in the state, so each memory is reduced once, and
+  the steps keep memory transposed, ``[B, M, N]``, so that reductions over a row vectorise;
 * optionally (``compile=True``), the forward and the backward step functions are compiled with
   `torch.compile`: two graphs, independent of the sequence length, fused into a few kernels each.
 
@@ -287,7 +288,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
     hr, hw, m, nshift = cfg.read_heads, cfg.write_heads, cfg.width, cfg.shifts
     r = (nshift - 1) // 2
 
-    # Read: reads = w_read @ memory.
+    # Read: reads = w_read @ memory^T (memory is transposed, [B, M, N]).
     dreads = dreads + dr_out
     dwr_t = dwr + torch.bmm(dreads, memory)
     dmem_r = dmem + torch.bmm(dreads.transpose(1, 2), w_read)
@@ -303,7 +304,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
     dmsq = dmsq + dmsq_a
     dmem = dmem_r + dmem_a + 2.0 * memory * dmsq.unsqueeze(1)
 
-    # Write: memory = mem_prev * keep + w^T add.
+    # Write: memory = mem_prev * keep + add^T w.
     if hw:
         wkey = ta[:, : hw * m].view(b, hw, m)
         add = ta[:, hw * m : 2 * hw * m].view(b, hw, m)
@@ -551,7 +552,7 @@ class FastNTM:
     Args:
         model: the `NTM` whose parameters are used (not copied; later updates are seen).
         compile: also compile the step functions with `torch.compile` (static shapes): about
-            2x faster again, for ~20-25 s of compilation per (batch size, memory size, dtype)
+            2-2.4x faster again, for ~20-25 s of compilation per (batch size, memory size, dtype)
             on a 2-core CPU, ~4 s when inductor's on-disk cache already holds the graphs. A new
             sequence length reuses the graphs.
 
