@@ -74,11 +74,13 @@ def _model_and_input(config, dtype, batch, steps, seed=0):
 
 @pytest.mark.parametrize("name", sorted(CONFIGS))
 @pytest.mark.parametrize("batch,steps", [(1, 4), (3, 7)])
-def test_matches_eager_float64(name, batch, steps):
+@pytest.mark.parametrize("keep", [True, False], ids=["keep", "recompute"])
+def test_matches_eager_float64(name, batch, steps, keep):
     model, x = _model_and_input(CONFIGS[name], torch.float64, batch, steps)
     eager = _run(_eager(model), model, x)
-    fast = _run(make_fast(model), model, x)
-    _assert_same(eager, fast, rtol=1e-10, atol=1e-12)
+    fast = make_fast(model)
+    fast._cfg = fast._cfg._replace(keep=keep)  # the compiled path recomputes; test it uncompiled
+    _assert_same(eager, _run(fast, model, x), rtol=1e-10, atol=1e-12)
 
 
 def test_matches_eager_float32_paper_model():
