@@ -151,24 +151,24 @@ def _address_from_cosine(cos, w_prev, beta, gate, s, gamma, r: int, tiny: float)
 def _address(memory, msq, w_prev, key, beta, gate, s, gamma, r: int, tiny: float, keep: bool):
     """`functional.address` of a transposed memory ``[B, M, N]``, squared row norms ``msq [B, N]``.
 
-    Returns ``(w, saved)``: ``saved`` is ``(cos, wc, wg, u, scale)`` if ``keep``, else ``(cos,)``
-    and the backward recomputes the rest from the cosine similarities.
+    Returns ``(w, saved)``: ``saved`` is ``(cos, wc, wg, u, scale)`` if ``keep``, else ``()`` and
+    the backward recomputes them.
     """
     inv, _ = _inverse_norms(key, msq)
     cos = torch.bmm(key, memory) * inv  # (B, H, N)
     w, *rest = _address_from_cosine(cos, w_prev, beta, gate, s, gamma, r, tiny)
-    return w, ((cos, *rest) if keep else (cos,))
+    return w, ((cos, *rest) if keep else ())
 
 
 def _address_backward(dw, memory, msq, w_prev, key, beta, gate, s, gamma, w, saved, r, tiny):
     """Gradients of `_address` (whose output was ``w``):
     ``(dw_prev, dkey, dbeta, dgate, ds, dgamma, dmemory, dmsq)``."""
     inv, ksq = _inverse_norms(key, msq)
-    if len(saved) == 1:
-        cos = saved[0]
-        _, wc, wg, u, scale = _address_from_cosine(cos, w_prev, beta, gate, s, gamma, r, tiny)
-    else:
+    if saved:
         cos, wc, wg, u, scale = saved
+    else:
+        cos = torch.bmm(key, memory) * inv
+        _, wc, wg, u, scale = _address_from_cosine(cos, w_prev, beta, gate, s, gamma, r, tiny)
     # Sharpen: w = p / sum(p), p = u^gamma, u = ws / scale (scale is a constant, as in eager).
     dpp = w * (dw - (dw * w).sum(-1, keepdim=True))  # dL/dp * p
     u_safe = u.clamp_min(tiny)  # p = 0 where u = 0, so these terms are exactly 0 there
