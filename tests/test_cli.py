@@ -8,7 +8,8 @@ from torch_ntm.cli import main
 
 TINY = ["--set", "task.max_length=3", "--set", "task.width=4", "--set", "memory_size=8",
         "--set", "memory_width=4", "--set", "controller_size=8", "--set", "eval_sequences=16",
-        "--set", "max_sequences=32", "--set", "eval_every=1", "--no-progress"]
+        "--set", "max_sequences=32", "--set", "eval_every=1", "--set", "engine=fast",
+        "--no-progress"]
 
 
 @pytest.fixture(scope="module")

@@ -12,7 +12,8 @@ ARGS = ["train", "copy", "--no-plots", "--no-progress", "--set", "task.max_lengt
         "--set", "task.width=4", "--set", "memory_size=12", "--set", "memory_width=6",
         "--set", "controller_size=16", "--set", "batch_size=8", "--set", "max_sequences=96",
         "--set", "eval_every=4", "--set", "eval_sequences=16", "--set", "optimizer=adam",
-        "--set", "lr=3e-3", "--set", "clip_norm=1", "--set", "log_every=3"]
+        "--set", "lr=3e-3", "--set", "clip_norm=1", "--set", "log_every=3",
+        "--set", "engine=fast"]
 
 
 def run(cmd, tmp_path):

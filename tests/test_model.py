@@ -377,14 +377,20 @@ def test_lstm_forget_gate_bias_is_one():
 
 @pytest.mark.parametrize("cfg", [{"read_heads": 3, "write_heads": 2}, {"write_heads": 0}])
 def test_trace_records_every_step_and_matches_forward(cfg):
-    ntm = build(NTM, dtype=torch.float64, batch_first=True, **cfg)
+    ntm = build(NTM, dtype=torch.float64, batch_first=True, engine="eager", **cfg)
     x = inputs(shape=(B, T, IN))
     state0 = ntm.initial_state(B)
     logits, state = ntm(x, state0)
     t_logits, t_state, trace = ntm.trace(x, state0)
     assert isinstance(trace, NTMTrace)
+    # The trace runs the eager step: bit for bit the eager engine's forward ...
     torch.testing.assert_close(t_logits, logits, rtol=0.0, atol=0.0)
     assert_states_close(t_state, state, rtol=0.0, atol=0.0)
+    # ... and the default (fast) engine's to float64 rounding.
+    ntm.engine = "fast"
+    f_logits, f_state = ntm(x, state0)
+    torch.testing.assert_close(f_logits, logits, rtol=1e-10, atol=1e-12)
+    assert_states_close(f_state, state, rtol=1e-10, atol=1e-12)
     hr, hw = ntm.read_heads, ntm.write_heads
     assert trace.read_weights.shape == (T, B, hr, N)
     assert trace.write_weights.shape == (T, B, hw, N)

@@ -15,7 +15,7 @@ def test_tiny_copy_is_solved(tmp_path):
     config = resolve_config("copy", overrides=[
         "task.max_length=3", "task.width=4", "memory_size=16", "memory_width=8",
         "controller_size=32", "lr=1e-2", "batch_size=16", "eval_every=50",
-        "max_sequences=32000", "stop_bit_errors=0", "patience_evals=2"], seed=0)
+        "max_sequences=32000", "stop_bit_errors=0", "patience_evals=2", "engine=fast"], seed=0)
     result = train(config, tmp_path / "run", progress=False)
     assert result.converged, result.metrics
     assert result.metrics["bit_errors"] == 0 and result.metrics["perfect"] == 1.0
@@ -31,7 +31,7 @@ def test_other_presets_train_and_reduce_the_loss(tmp_path, preset):
     config = resolve_config("copy", preset, overrides=[
         "task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
         "controller_size=16", "controller_layers=1", "lr=1e-2", "batch_size=16",
-        "eval_every=60", "max_sequences=960", "log_every=10"], seed=0)
+        "eval_every=60", "max_sequences=960", "log_every=10", "engine=fast"], seed=0)
     result = train(config, tmp_path / "run", progress=False)
     rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
     train_costs = [float(r[4]) for r in rows if r[3] == "train"]
@@ -53,10 +53,37 @@ def test_a_non_finite_loss_skips_the_update(tmp_path, monkeypatch):
     monkeypatch.setattr(module, "masked_bce", sometimes_nan)
     config = resolve_config("copy", overrides=[
         "task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
-        "controller_size=8", "batch_size=2", "max_sequences=8", "eval_every=100"])
+        "controller_size=8", "batch_size=2", "max_sequences=8", "eval_every=100", "engine=fast"])
     result = train(config, tmp_path / "run", progress=False)
     assert result.nan_steps == 1
     from torch_ntm.checkpoint import load_checkpoint
 
     state = load_checkpoint(tmp_path / "run").state_dict
     assert all(torch.isfinite(v).all() for v in state.values())
+
+
+def _train_costs(run_dir):
+    rows = [r.split(",") for r in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
+    return [float(r[4]) for r in rows if r[3] == "train"]
+
+
+def test_the_default_compiled_engine_trains_like_the_fast_and_eager_engines(tmp_path):
+    from torch._dynamo.utils import counters
+
+    args = ["task.max_length=3", "task.width=4", "memory_size=10", "memory_width=6",
+            "controller_size=12", "batch_size=4", "max_sequences=24", "log_every=1",
+            "eval_every=100", "eval_sequences=8"]
+    assert resolve_config("copy").engine == "compiled"  # what `ntm train` uses by default
+    graphs = counters["stats"]["unique_graphs"]
+    costs = {}
+    for engine in ("compiled", "fast", "eager"):
+        config = resolve_config("copy", overrides=[*args, f"engine={engine}"], seed=3)
+        train(config, tmp_path / engine, progress=False)
+        costs[engine] = _train_costs(tmp_path / engine)
+        if engine == "compiled":  # the trainer really ran torch.compile'd steps
+            assert counters["stats"]["unique_graphs"] > graphs
+    assert len(costs["eager"]) == 6
+    # Same function, same data: the six per-step costs agree to float32 rounding (after Adam
+    # steps whose updates depend on those gradients).
+    assert costs["compiled"] == pytest.approx(costs["eager"], rel=1e-3)
+    assert costs["fast"] == pytest.approx(costs["eager"], rel=1e-3)

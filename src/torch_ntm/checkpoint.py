@@ -80,12 +80,18 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
     """A freshly initialised model for ``config`` (``overrides``, e.g. ``memory_size=1024``)."""
     kwargs = {**model_config(config, task), **overrides}
     kind = kwargs.pop("kind")
-    if kind == "lstm":
-        unused = set(overrides) - {"hidden_size", "num_layers"}
-        if unused:
-            raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
-        return LSTMBaseline(**kwargs, device=device)
-    return NTM(**kwargs, device=device)
+    try:
+        if kind == "lstm":
+            unused = set(overrides) - {"hidden_size", "num_layers"}
+            if unused:
+                raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
+            return LSTMBaseline(**kwargs, device=device)
+        kwargs.setdefault("engine", config.engine)
+        return NTM(**kwargs, device=device)
+    except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"the model cannot be built from this config: {e}") from None
 
 
 def _sha256(path: Path) -> str:

@@ -41,6 +41,7 @@ class TrainConfig:
     write_heads: int = 1
     shift_range: int = 1
     memory_init: str = "constant"
+    engine: str = "compiled"  # NTM.forward's engine: "compiled", "fast" or "eager" (same function)
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
     lr: float = 1e-4
@@ -76,7 +77,24 @@ class TrainConfig:
         config = cls(**data)
         for f in dataclasses.fields(cls):
             _check_type(f.name, getattr(config, f.name), _field_type(f), source)
+        config.check_choices(source)
         return config
+
+    def check_choices(self, source: str = "config") -> None:
+        """Raise `ConfigError` if a key with a fixed set of values holds another one."""
+        for key, valid in _choices().items():
+            value = getattr(self, key)
+            if value not in valid:
+                raise ConfigError(
+                    f"{source}: {key}={value!r} is not valid; valid choices: {', '.join(valid)}"
+                )
+
+
+def _choices() -> dict[str, tuple[str, ...]]:
+    from torch_ntm.model import CONTROLLERS, ENGINES, MEMORY_INITS
+
+    return {"model": ("ntm", "lstm"), "controller": tuple(CONTROLLERS),
+            "memory_init": MEMORY_INITS, "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
 
 
 # Presets from the paper's tables 1-3 (architecture, heads, memory and learning rate). "#heads"
@@ -213,7 +231,9 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
                 f"--set {key}: unknown key; valid keys: {', '.join(settable)}, "
                 f"or task.<parameter> for the task's own parameters"
             )
-    return dataclasses.replace(config, task_params=task_params, **changes)
+    config = dataclasses.replace(config, task_params=task_params, **changes)
+    config.check_choices("--set")
+    return config
 
 
 def resolve_config(task: str, preset: str | None = None, overrides: list[str] = (),
