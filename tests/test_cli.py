@@ -72,6 +72,14 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
     (["train", "copy", "--set", "lr=fast"], "ntm: error: --set lr=fast: expected a value of type float"),
     (["train", "copy", "--preset", "huge"], "ntm: error: unknown preset 'huge' for task 'copy'"),
     (["evaluate", "/nonexistent/run"], "ntm: error: /nonexistent/run: no such checkpoint"),
+    (["train", "copy", "--set", "engine=turbo"],
+     "ntm: error: --set: engine='turbo' is not valid; valid choices: fast, compiled, eager"),
+    (["train", "copy", "--set", "controller=gru"],
+     "ntm: error: --set: controller='gru' is not valid; valid choices: lstm, feedforward"),
+    (["train", "copy", "--set", "shift_range=100"],
+     "ntm: error: the model cannot be built from this config: shift_range=100 needs"),
+    (["train", "copy", "--set", "device=tpu"], "ntm: error: device 'tpu' is not a valid torch"),
+    (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
 ])
 def test_user_mistakes_end_in_one_clear_line(argv, message, capsys):
     assert main(argv) == 2

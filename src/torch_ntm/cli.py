@@ -67,6 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-size", type=_int_list, default=None, metavar="N1,N2,...")
     p.add_argument("--steps", type=int, default=None, help="timed training steps per config")
     p.add_argument("--device", default="cpu")
+    p.add_argument("--threads", type=int, default=1,
+                   help="torch intra-op threads (default 1: measured fastest on 2 cores)")
     p.add_argument("--json", action="store_true")
     return parser
 
@@ -160,8 +162,12 @@ def _cmd_plot(args) -> int:
 
 def _cmd_bench(args) -> int:
     from torch_ntm.bench import format_table, run_bench
+    from torch_ntm.config import ConfigError, resolve_device
 
-    kwargs = {"seq_len": args.seq_len, "device": args.device}
+    if args.threads < 1:
+        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    kwargs = {"seq_len": args.seq_len, "device": resolve_device(args.device),
+              "threads": args.threads}
     if args.batch_size:
         kwargs["batch_sizes"] = tuple(args.batch_size)
     if args.memory_size:

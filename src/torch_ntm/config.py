@@ -12,7 +12,9 @@ import json
 import typing
 from dataclasses import dataclass, field
 
-__all__ = ["TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides"]
+__all__ = [
+    "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides", "resolve_device",
+]
 
 
 class ConfigError(ValueError):
@@ -255,3 +257,18 @@ def resolve_config(task: str, preset: str | None = None, overrides: list[str] = 
     if seed is not None:
         config = dataclasses.replace(config, seed=seed)
     return config
+
+
+def resolve_device(name: str):
+    """``torch.device(name)``, or a `ConfigError` if the name is invalid or the device absent."""
+    import torch
+
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ConfigError(f"device {name!r} is not a valid torch device ({e})") from None
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ConfigError(f"device {name!r}: CUDA is not available on this machine; use cpu")
+    if device.type not in ("cpu", "cuda"):
+        raise ConfigError(f"device {name!r}: only cpu and cuda are supported")
+    return device

@@ -26,7 +26,7 @@ from torch_ntm.checkpoint import (
     load_checkpoint,
     save_checkpoint,
 )
-from torch_ntm.config import ConfigError, TrainConfig
+from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
 
@@ -165,7 +165,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     """
     run_dir = Path(run_dir)
     torch.set_num_threads(config.threads)
-    world = _World(torch.device(config.device))
+    world = _World(resolve_device(config.device))
     device = world.device
     local = world.local_batch(config.batch_size)
     torch.manual_seed(config.seed)
