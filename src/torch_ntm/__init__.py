@@ -2,6 +2,7 @@
 
 from torch_ntm import functional
 from torch_ntm.model import NTM, NTMCell, NTMState, NTMTrace
+from torch_ntm import pretrained  # noqa: E402 (needs the modules above)
 
-__all__ = ["NTM", "NTMCell", "NTMState", "NTMTrace", "functional"]
+__all__ = ["NTM", "NTMCell", "NTMState", "NTMTrace", "functional", "pretrained"]
 __version__ = "0.1.0"

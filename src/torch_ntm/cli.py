@@ -1,4 +1,4 @@
-"""The ``ntm`` command line: train, evaluate, plot and benchmark.
+"""The ``ntm`` command line: train, evaluate, plot, pretrained models, seed sweeps, benchmarks.
 
 User mistakes (unknown options or config keys, bad values, unusable checkpoints) end in one line
 ``ntm: error: ...`` and exit status 2, never a traceback.
@@ -47,7 +47,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
     p = sub.add_parser("evaluate", help="evaluate a run or checkpoint at several sizes")
-    p.add_argument("checkpoint", type=Path, metavar="RUN_OR_CHECKPOINT")
+    p.add_argument("checkpoint", type=Path, nargs="?", metavar="RUN_OR_CHECKPOINT")
+    p.add_argument("--pretrained", default=None, metavar="NAME",
+                   help="a shipped model instead of a run (see: ntm pretrained list)")
     p.add_argument("--lengths", type=_int_list, default=None, metavar="L1,L2,...",
                    help="task sizes (copy: sequence lengths; recall: items); default per task")
     p.add_argument("--memory-size", type=int, default=None, metavar="N",
@@ -56,10 +58,34 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("plot", help="write figures of a run or checkpoint")
-    p.add_argument("checkpoint", type=Path, metavar="RUN_OR_CHECKPOINT")
+    p.add_argument("checkpoint", type=Path, nargs="?", metavar="RUN_OR_CHECKPOINT")
+    p.add_argument("--pretrained", default=None, metavar="NAME",
+                   help="a shipped model instead of a run (see: ntm pretrained list)")
     p.add_argument("--length", type=int, default=None, help="task size of the example sequence")
     p.add_argument("--memory-size", type=int, default=None, metavar="N")
-    p.add_argument("--out", type=Path, default=None, help="folder (default RUN/figures)")
+    p.add_argument("--out", type=Path, default=None,
+                   help="folder (default RUN/figures, or ./figures-NAME for --pretrained)")
+
+    p = sub.add_parser("pretrained", help="list the shipped models, or add one from a run")
+    actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    actions.add_parser("list", help="the shipped models and their validation bit errors")
+    q = actions.add_parser("export", help="copy a run's weights into the package as NAME")
+    q.add_argument("run", type=Path, metavar="RUN_OR_CHECKPOINT")
+    q.add_argument("name", metavar="NAME")
+    q.add_argument("--dest", type=Path, default=None, metavar="DIR",
+                   help="write DIR/NAME instead of into the installed package")
+
+    p = sub.add_parser("sweep", help="train one task with several seeds and report reliability")
+    p.add_argument("task", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
+    p.add_argument("--seeds", type=int, default=10, metavar="K", help="number of seeds (10)")
+    p.add_argument("--first-seed", type=int, default=0, metavar="S", help="first seed (0)")
+    p.add_argument("--jobs", type=int, default=2, metavar="J", help="trainings at once (2)")
+    p.add_argument("--preset", default=None, help="as for train (default ntm-lstm)")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable), as for train")
+    p.add_argument("--sequences", type=int, default=None, metavar="N",
+                   help="training sequences per seed, past convergence (default 50,000)")
+    p.add_argument("--out", type=Path, default=None, help="folder (default runs/sweep-TASK)")
 
     p = sub.add_parser("bench", help="training and inference throughput, fast vs eager")
     p.add_argument("--batch-size", type=_int_list, default=None, metavar="B1,B2,...")
@@ -133,11 +159,24 @@ def _print_generalisation(run_dir: Path) -> None:
     print(format_table(rows))
 
 
+def _checkpoint_arg(args) -> Path:
+    """The checkpoint that RUN_OR_CHECKPOINT or ``--pretrained NAME`` names (exactly one)."""
+    from torch_ntm import pretrained
+    from torch_ntm.config import ConfigError
+
+    if (args.checkpoint is None) == (args.pretrained is None):
+        raise ConfigError(f"{args.command}: give either RUN_OR_CHECKPOINT or --pretrained NAME"
+                          + (", not both" if args.checkpoint is not None else ""))
+    if args.pretrained is not None:
+        return pretrained.path(args.pretrained)
+    return args.checkpoint
+
+
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.evaluate import evaluate_sizes, format_table
 
-    ckpt = load_checkpoint(args.checkpoint)
+    ckpt = load_checkpoint(_checkpoint_arg(args))
     overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
     model = ckpt.model(**overrides)
     task = ckpt.task()
@@ -153,10 +192,51 @@ def _cmd_evaluate(args) -> int:
 def _cmd_plot(args) -> int:
     from torch_ntm.plot import plot_run
 
-    paths = plot_run(args.checkpoint, out_dir=args.out, size=args.length,
-                     memory_size=args.memory_size)
+    checkpoint = _checkpoint_arg(args)
+    out = args.out
+    if out is None and args.pretrained is not None:  # never write into the installed package
+        out = Path(f"figures-{args.pretrained}")
+    paths = plot_run(checkpoint, out_dir=out, size=args.length, memory_size=args.memory_size)
     for path in paths:
         print(path)
+    return 0
+
+
+def _cmd_pretrained(args) -> int:
+    from torch_ntm import pretrained
+    from torch_ntm.evaluate import format_table
+
+    if args.action == "export":
+        path = pretrained.export(args.run, args.name, dest=args.dest)
+        print(f"exported {args.run} as {args.name!r}: {path}")
+        return 0
+    names = pretrained.names()
+    if not names:
+        print("no pretrained models are shipped with this torch-ntm")
+        return 0
+    rows = []
+    for name in names:
+        info = pretrained.info(name)
+        rows.append({"name": name, "task": info["task"], "preset": info["preset"],
+                     "sequences": info["sequences"],
+                     "val_bit_errors": info["metrics"].get("bit_errors", float("nan"))})
+    print(format_table(rows))
+    return 0
+
+
+def _cmd_sweep(args) -> int:
+    from torch_ntm.sweep import DEFAULT_SEQUENCES, format_report, run_sweep
+
+    report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
+                       overrides=args.overrides,
+                       sequences=DEFAULT_SEQUENCES if args.sequences is None else args.sequences,
+                       out=args.out, first_seed=args.first_seed)
+    print(format_report(report, report["title"]))
+    failed = sorted(int(s) for s, code in report["exit_codes"].items() if code != 0)
+    if failed:
+        print(f"ntm: {len(failed)} of {len(report['exit_codes'])} trainings failed (seeds "
+              f"{', '.join(map(str, failed))}); see their train.log", file=sys.stderr)
+        return 1
     return 0
 
 
@@ -180,7 +260,7 @@ def _cmd_bench(args) -> int:
 
 
 _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
-             "bench": _cmd_bench}
+             "pretrained": _cmd_pretrained, "sweep": _cmd_sweep, "bench": _cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

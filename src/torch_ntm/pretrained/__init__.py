@@ -1,0 +1,115 @@
+"""Pretrained models shipped with the package, one folder per name.
+
+Each folder holds a weights-only checkpoint in the format of `torch_ntm.checkpoint`
+(``checkpoint.json`` and ``weights-<step>.safetensors``, no training state)::
+
+    from torch_ntm import pretrained
+
+    pretrained.names()                          # e.g. ['copy']
+    pretrained.info("copy")                     # task, preset, sequences, validation metrics
+    ntm = pretrained.load("copy", memory_size=1024)   # the trained NTM with 1024 memory rows
+
+Models are added with `export` (``ntm pretrained export RUN NAME``), which copies a run's weights,
+config, counters and last validation metrics into ``pretrained/NAME/``.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from pathlib import Path
+
+from torch import nn
+
+from torch_ntm.checkpoint import CHECKPOINT_JSON, Checkpoint, load_checkpoint, save_checkpoint
+from torch_ntm.config import ConfigError
+
+__all__ = ["ROOT", "names", "path", "info", "load", "export"]
+
+ROOT = Path(__file__).parent  # where shipped models live; ``root=`` arguments look elsewhere
+
+_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a plain folder name: no paths, no dot-files
+
+
+def _root(root: str | os.PathLike | None) -> Path:
+    return ROOT if root is None else Path(root)
+
+
+def names(*, root: str | os.PathLike | None = None) -> list[str]:
+    """Names of the models in ``root`` (default: the shipped ones), sorted."""
+    folder = _root(root)
+    if not folder.is_dir():
+        return []
+    return sorted(p.name for p in folder.iterdir()
+                  if _NAME.fullmatch(p.name) and (p / CHECKPOINT_JSON).is_file())
+
+
+def path(name: str, *, root: str | os.PathLike | None = None) -> Path:
+    """The ``checkpoint.json`` of model ``name``.
+
+    Raises:
+        ConfigError: (a `ValueError`) no model of that name; the message lists the valid names.
+    """
+    valid = names(root=root)
+    if name not in valid:
+        choices = f"valid names: {', '.join(valid)}" if valid else "none are shipped"
+        raise ConfigError(f"unknown pretrained model {name!r}; {choices}")
+    return _root(root) / name / CHECKPOINT_JSON
+
+
+def _checkpoint(name: str, root) -> Checkpoint:
+    return load_checkpoint(path(name, root=root))
+
+
+def info(name: str, *, root: str | os.PathLike | None = None) -> dict:
+    """What model ``name`` is and how well it did when exported.
+
+    Returns:
+        ``name``, ``task``, ``task_params``, ``preset``, ``model`` (``"ntm"`` or ``"lstm"``),
+        ``step``, ``sequences`` (trained on), ``elapsed_s`` (training time) and ``metrics`` (the
+        last validation: ``cost_bits``, ``bit_errors`` per sequence, ``perfect``, ...).
+    """
+    ckpt = _checkpoint(name, root)
+    config = ckpt.config
+    return {"name": name, "task": config.task, "task_params": dict(config.task_params),
+            "preset": config.preset, "model": config.model, "step": ckpt.step,
+            "sequences": ckpt.sequences, "elapsed_s": ckpt.elapsed_s,
+            "metrics": dict(ckpt.metrics)}
+
+
+def load(name: str, *, root: str | os.PathLike | None = None, device=None,
+         **overrides) -> nn.Module:
+    """The trained model ``name`` (an `NTM`, or the LSTM baseline), in training mode.
+
+    Args:
+        name: one of `names`.
+        root: folder to look in (default: the shipped models).
+        device: where to put the model (default: the CPU).
+        **overrides: constructor arguments to change, e.g. ``memory_size=1024``; the weights do
+            not depend on the memory size, so they load unchanged.
+    """
+    return _checkpoint(name, root).model(device=device, **overrides)
+
+
+def export(run_dir: str | os.PathLike, name: str,
+           dest: str | os.PathLike | None = None) -> Path:
+    """Write a weights-only copy of a run's checkpoint as model ``name``.
+
+    The copy keeps the run's config, step, sequences, training time and last validation metrics;
+    an existing model of that name is replaced (atomically, as any checkpoint).
+
+    Args:
+        run_dir: a run directory or its ``checkpoint.json``.
+        name: the model's name (letters, digits, ``_``, ``.``, ``-``).
+        dest: folder that receives ``NAME/`` (default: the package's own pretrained folder).
+
+    Returns:
+        The path of the new ``checkpoint.json``.
+    """
+    if not _NAME.fullmatch(name):
+        raise ConfigError(f"pretrained model name {name!r} must be letters, digits, '_', '.' "
+                          f"or '-', starting with a letter or digit")
+    ckpt = load_checkpoint(run_dir)
+    return save_checkpoint(_root(dest) / name, ckpt.config, ckpt.model(), step=ckpt.step,
+                           sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
+                           metrics=ckpt.metrics)

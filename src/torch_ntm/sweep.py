@@ -1,0 +1,279 @@
+"""Reliability across seeds: train one task with K seeds and report who converged, how fast, and
+who collapsed or diverged afterwards.
+
+``ntm sweep copy --seeds 10`` runs ``ntm train`` once per seed in its own process (``--jobs`` at a
+time, one thread each) into ``OUT/seed-S/``. Every seed trains for the full ``--sequences`` budget
+with ``stop_bit_errors=-1``, so a model that converges and later falls apart is seen. The report
+(`summarise`, `format_report`) is a pure function of the run directories' ``metrics.csv`` and
+``checkpoint.json``; it is written to ``OUT/report.json`` and ``OUT/report.md``.
+
+A seed *converges* at its first validation with bit errors per sequence <= the preset's
+``stop_bit_errors`` (0 where the preset has none), *collapses* if a later validation has more than
+`COLLAPSE_BIT_ERRORS`, and *diverges* if any logged cost is not finite. The goal: every seed
+converges within `GOAL_TIME_RATIO` times the median time, none collapses, no NaN anywhere.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from torch_ntm.checkpoint import CHECKPOINT_JSON, build_model, build_task
+from torch_ntm.config import ConfigError, resolve_config
+
+__all__ = ["run_sweep", "summarise", "format_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO"]
+
+COLLAPSE_BIT_ERRORS = 1.0  # a converged seed whose validation exceeds this has collapsed
+GOAL_TIME_RATIO = 3.0  # the slowest seed may take this many times the median time to converge
+DEFAULT_SEQUENCES = 50_000
+
+# Keys the sweep sets itself, and the option to use instead.
+_OWN_KEYS = {"seed": "--first-seed", "max_sequences": "--sequences"}
+
+
+def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None = None,
+              overrides: list[str] = (), sequences: int = DEFAULT_SEQUENCES,
+              out: str | os.PathLike | None = None, first_seed: int = 0,
+              echo=print) -> dict:
+    """Train ``task`` with seeds ``first_seed .. first_seed + seeds - 1`` and report.
+
+    Each seed runs ``python -m torch_ntm train`` in its own process with ``OMP_NUM_THREADS=1``
+    and ``--set threads=1`` (before ``overrides``, which may change it), ``stop_bit_errors=-1``
+    and ``max_sequences=sequences``; its output goes to ``OUT/seed-S/train.log``.
+
+    Args:
+        task: a task name (see `torch_ntm.tasks.TASKS`).
+        seeds: how many seeds, >= 1.
+        jobs: how many trainings run at once, >= 1.
+        preset: the preset (default ``ntm-lstm``); its ``stop_bit_errors`` (or one given in
+            ``overrides``) is the convergence threshold, 0 when negative.
+        overrides: ``key=value`` strings as for ``ntm train --set`` (not ``seed`` or
+            ``max_sequences``: use ``first_seed`` and ``sequences``).
+        sequences: training sequences per seed, >= 1.
+        out: the sweep folder (default ``runs/sweep-TASK``); it must not hold these seeds' runs.
+        first_seed: the first seed.
+        echo: called with one line of progress per started and finished seed.
+
+    Returns:
+        The report (`summarise`'s dictionary plus ``title``, ``task``, ``preset``,
+        ``sequences_per_seed`` and ``exit_codes`` by seed), also written to
+        ``OUT/report.json`` and, formatted, ``OUT/report.md``.
+
+    Raises:
+        ConfigError: a bad task, preset, override or count, or existing runs in ``out``.
+    """
+    if seeds < 1:
+        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
+    if jobs < 1:
+        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
+    if sequences < 1:
+        raise ConfigError(f"--sequences must be >= 1, got {sequences}")
+    for item in overrides:
+        key = item.partition("=")[0].strip()
+        if key in _OWN_KEYS:
+            raise ConfigError(f"--set {key}: the sweep sets {key} itself; use {_OWN_KEYS[key]}")
+    config = resolve_config(task, preset, overrides)
+    try:  # fail here, once, rather than in every child
+        build_model(config, build_task(config))
+    except ValueError as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"the task cannot be built from this config: {e}") from None
+    threshold = max(config.stop_bit_errors, 0.0)
+
+    out = Path(out) if out is not None else Path("runs") / f"sweep-{task}"
+    run_dirs = [out / f"seed-{s}" for s in range(first_seed, first_seed + seeds)]
+    taken = [d for d in run_dirs if (d / CHECKPOINT_JSON).exists()]
+    if taken:
+        raise ConfigError(f"{taken[0]} already holds a run; remove it or choose another --out "
+                          f"or --first-seed")
+
+    def command(seed: int, run_dir: Path) -> list[str]:
+        argv = [sys.executable, "-m", "torch_ntm", "train", task, "--seed", str(seed),
+                "--out", str(run_dir), "--no-plots", "--no-progress"]
+        if preset is not None:
+            argv += ["--preset", preset]
+        sets = ["threads=1", *overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"]
+        return argv + [arg for item in sets for arg in ("--set", item)]
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    pending = list(zip(range(first_seed, first_seed + seeds), run_dirs))
+    running: dict[int, tuple[subprocess.Popen, float]] = {}
+    exit_codes: dict[int, int] = {}
+    try:
+        while pending or running:
+            while pending and len(running) < jobs:
+                seed, run_dir = pending.pop(0)
+                run_dir.mkdir(parents=True, exist_ok=True)
+                with open(run_dir / "train.log", "wb") as log:
+                    proc = subprocess.Popen(command(seed, run_dir), stdout=log,
+                                            stderr=subprocess.STDOUT, env=env)
+                running[seed] = (proc, time.perf_counter())
+                echo(f"seed {seed}: started ({run_dir})")
+            time.sleep(0.1)
+            for seed, (proc, started) in list(running.items()):
+                if proc.poll() is not None:
+                    del running[seed]
+                    exit_codes[seed] = proc.returncode
+                    log = out / f"seed-{seed}" / "train.log"
+                    status = ("done" if proc.returncode == 0 else
+                              f"FAILED with exit status {proc.returncode} (see {log})")
+                    echo(f"seed {seed}: {status} after {time.perf_counter() - started:.1f} s")
+    finally:  # interrupted: stop the children rather than leave them training
+        for proc, _ in running.values():
+            proc.terminate()
+        for proc, _ in running.values():
+            proc.wait()
+
+    title = (f"Sweep: {task} ({config.preset}), seeds {first_seed}-{first_seed + seeds - 1}, "
+             f"{sequences:,} sequences each")
+    report = {"title": title, "task": task, "preset": config.preset,
+              "sequences_per_seed": sequences, **summarise(run_dirs, threshold),
+              "exit_codes": {str(s): c for s, c in sorted(exit_codes.items())}}
+    (out / "report.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
+    (out / "report.md").write_text(format_report(report, title) + "\n")
+    return report
+
+
+def _finite(value):
+    """``value`` with non-finite floats replaced by None, so the JSON is strict."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
+
+
+def _float(text: str | None) -> float | None:
+    """A CSV cell as a float (``nan``/``inf`` included), or None when empty."""
+    if text is None or not text.strip():
+        return None
+    return float(text)
+
+
+def _seed_row(run_dir: Path, threshold: float) -> dict:
+    """One seed's line of the report, from its ``metrics.csv`` and ``checkpoint.json``."""
+    row = {"seed": None, "run_dir": str(run_dir), "complete": False, "converged": False,
+           "converged_sequences": None, "converged_s": None, "collapsed": False,
+           "diverged": False, "nan_steps": 0, "final_bit_errors": None}
+    name = run_dir.name
+    if name.startswith("seed-") and name[5:].lstrip("-").isdigit():
+        row["seed"] = int(name[5:])
+    try:
+        record = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+    except (OSError, ValueError):  # not started, or failed before its first checkpoint
+        record = {}
+    config = record.get("config", {})
+    row["seed"] = config.get("seed", row["seed"])
+    row["nan_steps"] = int(record.get("extra", {}).get("nan_steps", 0))
+    row["complete"] = bool(record) and record.get("sequences", 0) >= config.get("max_sequences", 0)
+    rows = []
+    if (run_dir / "metrics.csv").exists():
+        with open(run_dir / "metrics.csv", newline="") as f:
+            rows = list(csv.DictReader(f))
+    for r in rows:
+        cost = _float(r.get("cost_bits"))
+        if cost is not None and not math.isfinite(cost):
+            row["diverged"] = True
+        if r.get("split") != "val":
+            continue
+        errors = _float(r.get("bit_errors"))
+        if errors is None:
+            continue
+        row["final_bit_errors"] = errors
+        if not row["converged"]:
+            if errors <= threshold:  # NaN compares False: never converged on a NaN
+                row["converged"] = True
+                row["converged_sequences"] = int(r["sequences"])
+                row["converged_s"] = float(r["elapsed_s"])
+        elif not errors <= COLLAPSE_BIT_ERRORS:  # NaN bit errors after converging: collapsed
+            row["collapsed"] = True
+    return row
+
+
+def summarise(run_dirs, threshold: float = 0.0) -> dict:
+    """The sweep report of some run directories (one seed each); reads files only.
+
+    Args:
+        run_dirs: run directories, each with ``metrics.csv`` and ``checkpoint.json`` (missing
+            files count as an incomplete seed that did not converge).
+        threshold: validation bit errors per sequence at or below which a seed has converged.
+
+    Returns:
+        ``seeds``: one dict per run, in order: ``seed``, ``run_dir``, ``complete`` (its
+        checkpoint holds the whole ``max_sequences`` budget), ``converged``, ``converged_sequences`` and ``converged_s`` (sequences and training
+        seconds at the first converged validation, or None), ``collapsed``, ``diverged``,
+        ``nan_steps`` (skipped updates), ``final_bit_errors`` (last validation, or None);
+        and the summary: ``threshold``, ``collapse_bit_errors``, ``num_seeds``,
+        ``num_converged``, ``median_converged_s``, ``median_converged_sequences``,
+        ``max_over_median_s`` (slowest converged seed's time over the median, or None),
+        ``num_collapsed``, ``num_diverged``, ``total_nan_steps`` and ``goal_met``.
+    """
+    rows = [_seed_row(Path(d), threshold) for d in run_dirs]
+    times = [r["converged_s"] for r in rows if r["converged"]]
+    seqs = [r["converged_sequences"] for r in rows if r["converged"]]
+    median_s = statistics.median(times) if times else None
+    ratio = max(times) / median_s if times and median_s > 0 else None
+    num_converged = len(times)
+    num_collapsed = sum(r["collapsed"] for r in rows)
+    num_diverged = sum(r["diverged"] for r in rows)
+    total_nan = sum(r["nan_steps"] for r in rows)
+    goal = (bool(rows) and num_converged == len(rows) and num_collapsed == 0
+            and num_diverged == 0 and total_nan == 0
+            and (ratio is None or ratio <= GOAL_TIME_RATIO))
+    return {
+        "threshold": threshold, "collapse_bit_errors": COLLAPSE_BIT_ERRORS,
+        "num_seeds": len(rows), "num_converged": num_converged,
+        "median_converged_s": median_s,
+        "median_converged_sequences": statistics.median(seqs) if seqs else None,
+        "max_over_median_s": ratio, "num_collapsed": num_collapsed,
+        "num_diverged": num_diverged, "total_nan_steps": total_nan, "goal_met": goal,
+        "seeds": rows,
+    }
+
+
+def _yes(flag: bool) -> str:
+    return "yes" if flag else "no"
+
+
+def format_report(summary: dict, title: str | None = None) -> str:
+    """`summarise`'s dictionary as Markdown: a table with one row per seed, then the summary."""
+    lines = [f"# {title}", ""] if title else []
+    lines += [
+        "| seed | converged | sequences | time (s) | collapsed | diverged | NaN steps "
+        "| final bit errors |",
+        "|---:|:---:|---:|---:|:---:|:---:|---:|---:|",
+    ]
+    for r in summary["seeds"]:
+        seqs = f"{r['converged_sequences']:,}" if r["converged"] else "-"
+        secs = f"{r['converged_s']:.1f}" if r["converged"] else "-"
+        final = "-" if r["final_bit_errors"] is None else f"{r['final_bit_errors']:.4g}"
+        converged = _yes(r["converged"]) + ("" if r["complete"] else " (incomplete)")
+        lines.append(f"| {r['seed']} | {converged} | {seqs} | {secs} | {_yes(r['collapsed'])} "
+                     f"| {_yes(r['diverged'])} | {r['nan_steps']} | {final} |")
+    median_s, median_seq = summary["median_converged_s"], summary["median_converged_sequences"]
+    ratio = summary["max_over_median_s"]
+    lines += [
+        "",
+        f"- converged: {summary['num_converged']}/{summary['num_seeds']} "
+        f"(validation bit errors per sequence <= {summary['threshold']:g})",
+        "- median time to converge: " + ("-" if median_s is None else
+                                         f"{median_s:.1f} s ({median_seq:,.0f} sequences)"),
+        "- slowest / median time: " + ("-" if ratio is None else f"{ratio:.2f}"),
+        f"- collapsed after converging (validation bit errors > "
+        f"{summary['collapse_bit_errors']:g}): {summary['num_collapsed']}",
+        f"- diverged (non-finite cost): {summary['num_diverged']}; "
+        f"NaN steps: {summary['total_nan_steps']}",
+        f"- goal (all converge within {GOAL_TIME_RATIO:g}x the median time, none collapses, "
+        f"no NaN): {'met' if summary['goal_met'] else 'not met'}",
+    ]
+    return "\n".join(lines)

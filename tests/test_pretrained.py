@@ -1,0 +1,154 @@
+"""Pretrained models: export a run, load it back by name, the CLI, and the shipped models."""
+
+import json
+
+import pytest
+import torch
+
+from torch_ntm import pretrained
+from torch_ntm.checkpoint import load_checkpoint
+from torch_ntm.cli import main
+from torch_ntm.config import ConfigError, resolve_config
+from torch_ntm.evaluate import evaluate_sizes
+from torch_ntm.train import train
+
+TINY = ["task.max_length=3", "task.width=4", "memory_size=8", "memory_width=4",
+        "controller_size=8", "max_sequences=32", "eval_every=2", "eval_sequences=16",
+        "engine=fast"]
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+    run_dir = tmp_path_factory.mktemp("pretrained") / "run"
+    train(resolve_config("copy", overrides=TINY, seed=3), run_dir, progress=False)
+    return run_dir
+
+
+@pytest.fixture
+def root(run, tmp_path, monkeypatch):
+    """A pretrained folder holding the tiny run as ``tiny``, looked up as the shipped one is."""
+    folder = tmp_path / "zoo"
+    pretrained.export(run, "tiny", dest=folder)
+    monkeypatch.setattr(pretrained, "ROOT", folder)
+    return folder
+
+
+def test_export_writes_a_weights_only_checkpoint_with_the_runs_record(run, root):
+    assert {p.name for p in (root / "tiny").iterdir()} == {
+        "checkpoint.json", "weights-00000002.safetensors"}
+    source, copy = load_checkpoint(run), load_checkpoint(root / "tiny")
+    assert copy.config == source.config
+    assert (copy.step, copy.sequences, copy.elapsed_s) == (2, 32, source.elapsed_s)
+    assert copy.metrics == source.metrics
+    assert "train_state" not in json.loads((root / "tiny" / "checkpoint.json").read_text())
+
+
+def test_names_path_and_info(run, root):
+    (root / "not-a-model").mkdir()  # a folder without a checkpoint is not listed
+    assert pretrained.names() == ["tiny"]
+    assert pretrained.path("tiny") == root / "tiny" / "checkpoint.json"
+    info = pretrained.info("tiny")
+    assert info["task"] == "copy" and info["preset"] == "ntm-lstm" and info["model"] == "ntm"
+    assert info["task_params"] == {"max_length": 3, "width": 4}
+    assert info["sequences"] == 32 and info["step"] == 2
+    assert info["metrics"] == load_checkpoint(run).metrics
+
+
+def test_load_gives_the_runs_model(run, root):
+    expected = load_checkpoint(run).model()
+    model = pretrained.load("tiny")
+    x = torch.rand(7, 3, model.input_size, generator=torch.Generator().manual_seed(0))
+    torch.testing.assert_close(model(x)[0], expected(x)[0], rtol=0, atol=0)
+
+
+def test_memory_size_override_rebuilds_with_the_same_weights(root):
+    small, large = pretrained.load("tiny"), pretrained.load("tiny", memory_size=24)
+    assert (small.memory_size, large.memory_size) == (8, 24)
+    big = large.state_dict()
+    for key, value in small.state_dict().items():
+        assert torch.equal(value, big[key]), key
+    x = torch.rand(5, 2, large.input_size)
+    assert torch.isfinite(large(x)[0]).all()
+
+
+def test_unknown_name_lists_the_valid_ones(root):
+    with pytest.raises(ValueError, match=r"unknown pretrained model 'copy'; valid names: tiny"):
+        pretrained.load("copy")
+    with pytest.raises(ConfigError, match="valid names: tiny"):
+        pretrained.info("../zoo/tiny")
+
+
+def test_an_empty_registry_is_handled(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(pretrained, "ROOT", tmp_path / "empty")
+    assert pretrained.names() == []
+    with pytest.raises(ConfigError, match="none are shipped"):
+        pretrained.path("copy")
+    assert main(["pretrained", "list"]) == 0
+    assert capsys.readouterr().out.strip() == "no pretrained models are shipped with this torch-ntm"
+
+
+def test_export_rejects_names_that_are_not_plain_folder_names(run, tmp_path):
+    for name in ("../up", "a/b", ".hidden", ""):
+        with pytest.raises(ConfigError, match="must be letters, digits"):
+            pretrained.export(run, name, dest=tmp_path)
+    assert not list(tmp_path.iterdir())
+
+
+def test_cli_list_and_evaluate(run, root, capsys):
+    assert main(["pretrained", "list"]) == 0
+    header, line = capsys.readouterr().out.splitlines()
+    assert header.split() == ["name", "task", "preset", "sequences", "val_bit_errors"]
+    errors = load_checkpoint(run).metrics["bit_errors"]
+    assert line.split() == ["tiny", "copy", "ntm-lstm", "32", f"{errors:.4g}"]
+
+    argv = ["--lengths", "2,4", "--sequences", "6", "--json"]
+    assert main(["evaluate", "--pretrained", "tiny", *argv]) == 0
+    by_name = json.loads(capsys.readouterr().out)
+    assert main(["evaluate", str(run), *argv]) == 0
+    assert by_name == json.loads(capsys.readouterr().out)
+
+
+def test_cli_export(run, tmp_path, capsys):
+    assert main(["pretrained", "export", str(run), "mine", "--dest", str(tmp_path)]) == 0
+    assert capsys.readouterr().out.strip().endswith(str(tmp_path / "mine" / "checkpoint.json"))
+    assert pretrained.names(root=tmp_path) == ["mine"]
+
+
+def test_cli_plot_of_a_pretrained_model_writes_outside_the_package(root, tmp_path, monkeypatch,
+                                                                   capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main(["plot", "--pretrained", "tiny", "--length", "3"]) == 0
+    assert {p.name for p in (tmp_path / "figures-tiny").iterdir()} == {
+        "io.png", "attention.png", "memory.png", "generalisation.png"}  # no learning curve
+    assert not (root / "tiny" / "figures").exists()
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["evaluate"], "ntm: error: evaluate: give either RUN_OR_CHECKPOINT or --pretrained NAME"),
+    (["evaluate", "somewhere", "--pretrained", "tiny"], "ntm: error: evaluate: give either "
+     "RUN_OR_CHECKPOINT or --pretrained NAME, not both"),
+    (["plot"], "ntm: error: plot: give either RUN_OR_CHECKPOINT or --pretrained NAME"),
+    (["evaluate", "--pretrained", "nope"],
+     "ntm: error: unknown pretrained model 'nope'; valid names: tiny"),
+    (["plot", "--pretrained", "nope"], "ntm: error: unknown pretrained model 'nope'"),
+    (["pretrained", "export", "/nonexistent/run", "x"],
+     "ntm: error: /nonexistent/run: no such checkpoint"),
+    (["pretrained", "export", "/nonexistent/run", "../x"], "ntm: error: pretrained model name"),
+])
+def test_cli_mistakes_end_in_one_line(root, argv, message, capsys):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", pretrained.names())
+def test_shipped_model_still_solves_its_task(name):
+    # Shipped models are checked at their training size against the validation bit errors they
+    # were exported with (the validation set mixes all sizes up to the training size, so allow
+    # twice as many, and at least half a bit per sequence).
+    info = pretrained.info(name)
+    model = pretrained.load(name).eval()
+    task = load_checkpoint(pretrained.path(name)).task()
+    (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=50)
+    assert row["bit_errors"] <= max(0.5, 2 * info["metrics"]["bit_errors"]), (name, row)

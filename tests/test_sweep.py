@@ -1,0 +1,168 @@
+"""Seed sweeps: the report from hand-written run directories, and one real tiny sweep."""
+
+import json
+
+import pytest
+
+from torch_ntm.cli import main
+from torch_ntm.sweep import format_report, summarise
+
+HEADER = "step,sequences,elapsed_s,split,cost_bits,bit_errors,perfect"
+
+# (step, sequences, elapsed_s, split, cost_bits, bit_errors, perfect) per row; train rows as the
+# trainer writes them (perfect empty).
+RUNS = {
+    "seed-0": dict(nan_steps=0, rows=[  # converges at 200 sequences, stays converged
+        (5, 80, 0.8, "train", 9.0, 4.0, ""), (6, 100, 1.0, "val", 8.0, 3.5, 0.0),
+        (12, 200, 2.0, "val", 0.1, 0.0, 1.0), (18, 300, 3.0, "val", 0.2, 0.25, 0.9)]),
+    "seed-1": dict(nan_steps=0, rows=[  # never converges
+        (6, 100, 1.0, "val", 9.0, 5.0, 0.0), (12, 200, 2.0, "val", 5.0, 2.0, 0.1),
+        (18, 300, 3.0, "val", 4.0, 1.5, 0.2)]),
+    "seed-2": dict(nan_steps=0, rows=[  # converges at 200, collapses at 300, recovers
+        (6, 100, 1.5, "val", 7.0, 2.0, 0.0), (12, 200, 4.0, "val", 0.1, 0.0, 1.0),
+        (18, 300, 6.0, "val", 6.0, 3.0, 0.1), (24, 400, 8.0, "val", 0.1, 0.0, 1.0)]),
+    "seed-3": dict(nan_steps=3, rows=[  # converges at 100; one training row with a NaN cost
+        (6, 100, 0.5, "val", 0.1, 0.0, 1.0), (9, 150, 0.7, "train", "nan", 8.0, ""),
+        (12, 200, 1.0, "val", 0.1, 0.0, 1.0)]),
+}
+
+
+def write_run(folder, nan_steps, rows, max_sequences=None):
+    folder.mkdir(parents=True)
+    lines = [HEADER] + [",".join(str(v) for v in row) for row in rows]
+    (folder / "metrics.csv").write_text("\n".join(lines) + "\n")
+    seed = int(folder.name.split("-")[1])
+    sequences = rows[-1][1]
+    record = {"format": "torch-ntm-checkpoint", "version": 1, "sequences": sequences,
+              "config": {"seed": seed, "max_sequences": max_sequences or sequences},
+              "extra": {"nan_steps": nan_steps, "streak": 0}}
+    (folder / "checkpoint.json").write_text(json.dumps(record))
+    return folder
+
+
+@pytest.fixture
+def runs(tmp_path):
+    return {name: write_run(tmp_path / name, **spec) for name, spec in RUNS.items()}
+
+
+def test_summary_of_four_kinds_of_seed(runs):
+    summary = summarise(list(runs.values()))
+    rows = [{k: v for k, v in r.items() if k != "run_dir"} for r in summary.pop("seeds")]
+    common = {"complete": True, "collapsed": False, "diverged": False, "nan_steps": 0}
+    assert rows == [
+        {**common, "seed": 0, "converged": True, "converged_sequences": 200, "converged_s": 2.0,
+         "final_bit_errors": 0.25},
+        {**common, "seed": 1, "converged": False, "converged_sequences": None,
+         "converged_s": None, "final_bit_errors": 1.5},
+        {**common, "seed": 2, "converged": True, "converged_sequences": 200, "converged_s": 4.0,
+         "collapsed": True, "final_bit_errors": 0.0},
+        {**common, "seed": 3, "converged": True, "converged_sequences": 100, "converged_s": 0.5,
+         "diverged": True, "nan_steps": 3, "final_bit_errors": 0.0},
+    ]
+    assert summary == {
+        "threshold": 0.0, "collapse_bit_errors": 1.0, "num_seeds": 4, "num_converged": 3,
+        "median_converged_s": 2.0, "median_converged_sequences": 200,
+        "max_over_median_s": 2.0, "num_collapsed": 1, "num_diverged": 1, "total_nan_steps": 3,
+        "goal_met": False,
+    }
+
+
+def test_goal_is_met_only_by_reliable_seeds_within_three_times_the_median(runs, tmp_path):
+    assert summarise([runs["seed-0"]])["goal_met"]
+    for name in ("seed-1", "seed-2", "seed-3"):  # no convergence, a collapse, NaN
+        assert not summarise([runs["seed-0"], runs[name]])["goal_met"], name
+    slow = write_run(tmp_path / "seed-9", 0, [(70, 700, 7.0, "val", 0.1, 0.0, 1.0)])
+    fast = [runs["seed-0"], runs["seed-0"]]  # 2.0 s each
+    two = summarise([*fast, slow])  # median 2 s, slowest 7 s: 3.5x
+    assert two["max_over_median_s"] == 3.5 and not two["goal_met"]
+    three = summarise([*fast, slow, slow])  # median 4.5 s: 7 / 4.5 < 3
+    assert three["max_over_median_s"] == pytest.approx(7 / 4.5) and three["goal_met"]
+
+
+def test_threshold_and_incomplete_or_missing_runs(runs, tmp_path):
+    (row,) = summarise([runs["seed-1"]], threshold=1.5)["seeds"]
+    assert row["converged"] and row["converged_sequences"] == 300 and row["converged_s"] == 3.0
+    short = write_run(tmp_path / "seed-5", 0, RUNS["seed-0"]["rows"], max_sequences=1000)
+    summary = summarise([short, tmp_path / "seed-7"])
+    first, missing = summary["seeds"]
+    assert first["converged"] and not first["complete"]
+    assert missing == {"seed": 7, "run_dir": str(tmp_path / "seed-7"), "complete": False,
+                       "converged": False, "converged_sequences": None, "converged_s": None,
+                       "collapsed": False, "diverged": False, "nan_steps": 0,
+                       "final_bit_errors": None}
+    assert summary["num_converged"] == 1 and not summary["goal_met"]
+
+
+def test_markdown_report(runs):
+    text = format_report(summarise(list(runs.values())), "Sweep: copy")
+    assert text.splitlines() == [
+        "# Sweep: copy",
+        "",
+        "| seed | converged | sequences | time (s) | collapsed | diverged | NaN steps "
+        "| final bit errors |",
+        "|---:|:---:|---:|---:|:---:|:---:|---:|---:|",
+        "| 0 | yes | 200 | 2.0 | no | no | 0 | 0.25 |",
+        "| 1 | no | - | - | no | no | 0 | 1.5 |",
+        "| 2 | yes | 200 | 4.0 | yes | no | 0 | 0 |",
+        "| 3 | yes | 100 | 0.5 | no | yes | 3 | 0 |",
+        "",
+        "- converged: 3/4 (validation bit errors per sequence <= 0)",
+        "- median time to converge: 2.0 s (200 sequences)",
+        "- slowest / median time: 2.00",
+        "- collapsed after converging (validation bit errors > 1): 1",
+        "- diverged (non-finite cost): 1; NaN steps: 3",
+        "- goal (all converge within 3x the median time, none collapses, no NaN): not met",
+    ]
+
+
+TINY = ["--set", "task.max_length=2", "--set", "task.width=3", "--set", "memory_size=8",
+        "--set", "memory_width=4", "--set", "controller_size=8", "--set", "engine=fast",
+        "--set", "eval_every=5", "--set", "eval_sequences=16"]
+
+
+@pytest.mark.slow
+def test_a_tiny_sweep_through_the_cli(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", "copy", "--seeds", "2", "--jobs", "2", "--sequences", "160",
+                 "--first-seed", "4", "--out", str(out), *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert (out / "report.md").read_text() in printed + "\n"
+    report = json.loads((out / "report.json").read_text())
+    assert report["num_seeds"] == 2 and report["exit_codes"] == {"4": 0, "5": 0}
+    assert [r["seed"] for r in report["seeds"]] == [4, 5]
+    for seed in (4, 5):
+        run = out / f"seed-{seed}"
+        assert "stopped (budget) after 160 sequences" in (run / "train.log").read_text()
+        config = json.loads((run / "config.json").read_text())
+        assert (config["seed"], config["max_sequences"], config["stop_bit_errors"],
+                config["threads"]) == (seed, 160, -1.0, 1)
+    assert all(r["complete"] for r in report["seeds"])
+    table = [line for line in (out / "report.md").read_text().splitlines()
+             if line.startswith("| ") and line[2].isdigit()]
+    assert len(table) == 2
+    # The same seeds again would overwrite the runs: refused.
+    assert main(["sweep", "copy", "--seeds", "1", "--first-seed", "5", "--out", str(out)]) == 2
+    assert "seed-5 already holds a run" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["sweep", "sorting"], "ntm: error: unknown task 'sorting'; valid tasks: associative_recall"),
+    (["sweep", "copy", "--seeds", "0"], "ntm: error: --seeds must be >= 1, got 0"),
+    (["sweep", "copy", "--jobs", "0"], "ntm: error: --jobs must be >= 1, got 0"),
+    (["sweep", "copy", "--sequences", "0"], "ntm: error: --sequences must be >= 1, got 0"),
+    (["sweep", "copy", "--set", "seed=3"], "ntm: error: --set seed: the sweep sets seed itself"),
+    (["sweep", "copy", "--set", "max_sequences=9"], "ntm: error: --set max_sequences: the sweep"),
+    (["sweep", "copy", "--set", "colour=red"], "ntm: error: --set colour: unknown key"),
+    (["sweep", "copy", "--set", "task.max_length=0"], "ntm: error: the task cannot be built"),
+])
+def test_sweep_mistakes_end_in_one_line_before_any_training(argv, message, tmp_path, capsys,
+                                                           monkeypatch):
+    def no_training(*args, **kwargs):
+        raise AssertionError("a training process was started")
+
+    monkeypatch.setattr("torch_ntm.sweep.subprocess.Popen", no_training)
+    assert main([*argv, "--out", str(tmp_path / "sweep")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(message)
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "sweep").exists()
