@@ -87,3 +87,28 @@ def test_the_default_compiled_engine_trains_like_the_fast_and_eager_engines(tmp_
     # steps whose updates depend on those gradients).
     assert costs["compiled"] == pytest.approx(costs["eager"], rel=1e-3)
     assert costs["fast"] == pytest.approx(costs["eager"], rel=1e-3)
+
+
+def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold(tmp_path):
+    import json
+
+    tiny = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+            "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",
+            "engine=fast", "lr=0.01", "lr_decay=0.25"]
+
+    def lr_of(run):
+        return json.loads((run / "checkpoint.json").read_text())["optimizer"]["param_groups"][0]["lr"]
+
+    # A threshold every validation meets: decayed at the first one, and never again (also not
+    # after a resume, which restores the decayed rate with the optimizer state).
+    met = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=1e9", "max_sequences=8"])
+    train(met, tmp_path / "met", progress=False)
+    assert lr_of(tmp_path / "met") == pytest.approx(0.0025)
+    longer = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=1e9", "max_sequences=16"])
+    train(longer, tmp_path / "met", resume=True, progress=False)
+    assert lr_of(tmp_path / "met") == pytest.approx(0.0025)
+    # A threshold no validation of an untrained model meets, and the default (off).
+    never = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=0", "max_sequences=8"])
+    train(never, tmp_path / "never", progress=False)
+    assert lr_of(tmp_path / "never") == pytest.approx(0.01)
+    assert resolve_config("copy", "ntm-lstm-paper").lr_decay_bit_errors < 0

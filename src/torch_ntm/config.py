@@ -52,6 +52,11 @@ class TrainConfig:
     batch_size: int = 1
     clip_value: float = 10.0  # clip each gradient element to [-v, v]; 0 disables
     clip_norm: float = 0.0  # clip the global gradient norm; 0 disables
+    # A stabiliser: once a validation first has <= lr_decay_bit_errors bit errors per sequence,
+    # the learning rate is multiplied by lr_decay (once), so a solved task is fine-tuned gently
+    # instead of being kicked out of its solution by full-size steps. <0 disables.
+    lr_decay_bit_errors: float = -1.0
+    lr_decay: float = 0.1
     # Budget and stopping.
     max_sequences: int = 2_000_000
     max_seconds: float = 0.0  # wall-clock budget; 0 means none

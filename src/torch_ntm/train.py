@@ -176,6 +176,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     optimizer = make_optimizer(config, params)
 
     step = sequences = nan_steps = streak = 0
+    lr_decayed = False
     elapsed = 0.0
     last_val: dict = {}
     if resume:
@@ -186,6 +187,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         last_val = ckpt.metrics
         nan_steps = int(ckpt.extra.get("nan_steps", 0))
         streak = int(ckpt.extra.get("streak", 0))
+        lr_decayed = bool(ckpt.extra.get("lr_decayed", False))  # the lr is in the optimizer state
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config.to_json() + "\n")
@@ -195,16 +197,22 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     val_batches = fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
 
     def validate() -> dict:
-        nonlocal last_val, streak
+        nonlocal last_val, streak, lr_decayed
         last_val = evaluate_batches(model, val_batches)
         if world.main:
             log_file.write(step, sequences, elapsed, "val", last_val)
         met = 0 <= config.stop_bit_errors and last_val["bit_errors"] <= config.stop_bit_errors
         streak = streak + 1 if met else 0
+        if (not lr_decayed and 0 <= config.lr_decay_bit_errors
+                and last_val["bit_errors"] <= config.lr_decay_bit_errors):
+            for group in optimizer.param_groups:
+                group["lr"] *= config.lr_decay
+            lr_decayed = True
         if world.main:
             save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
                             sequences=sequences, elapsed_s=elapsed, metrics=last_val,
-                            extra={"nan_steps": nan_steps, "streak": streak})
+                            extra={"nan_steps": nan_steps, "streak": streak,
+                                   "lr_decayed": lr_decayed})
         return last_val
 
     bar = _progress(config.max_sequences, sequences, progress if world.main else False)
