@@ -144,3 +144,14 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(run_dir, monkeypat
     assert (run_dir / "checkpoint.json").read_text() == before
     assert load_checkpoint(run_dir).step == ckpt.step
     assert not list(run_dir.glob("*.tmp"))
+
+
+def test_checkpoint_files_get_the_usual_permissions(run_dir):
+    import os
+
+    from torch_ntm.checkpoint import _UMASK
+
+    for path in run_dir.iterdir():
+        if path.suffix in (".json", ".safetensors"):
+            assert path.stat().st_mode & 0o777 == 0o666 & ~_UMASK, path
+    assert _UMASK == os.umask(_UMASK)  # read at import without changing it

@@ -102,10 +102,20 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+def _current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+_UMASK = _current_umask()
+
+
 def _atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that ``path`` is either the old or the complete new file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give what open() would
         with os.fdopen(fd, "wb") as f:
             f.write(data)
             f.flush()
