@@ -112,3 +112,14 @@ def test_unknown_options_and_names_are_rejected_by_argparse(argv, capsys):
         main(argv)
     assert exc.value.code == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_curves_puts_several_runs_on_one_figure(trained, tmp_path, capsys):
+    out = tmp_path / "figs" / "curves.png"
+    assert main(["curves", str(trained), str(trained), "--labels", "ntm,again",
+                 "--out", str(out)]) == 0
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert main(["curves", str(trained), "--labels", "a,b"]) == 2
+    assert "--labels gives 2 labels for 1 runs" in capsys.readouterr().err
+    assert main(["curves", str(trained), str(trained), "--out", str(out)]) == 2  # same labels
+    assert "labels must differ" in capsys.readouterr().err

@@ -66,6 +66,13 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--out", type=Path, default=None,
                    help="folder (default RUN/figures, or ./figures-NAME for --pretrained)")
 
+    p = sub.add_parser("curves", help="learning curves of several runs on the same axes")
+    p.add_argument("runs", type=Path, nargs="+", metavar="RUN")
+    p.add_argument("--labels", default=None, metavar="A,B,...",
+                   help="one label per run (default: each run's task, preset and seed)")
+    p.add_argument("--split", choices=("val", "train"), default="val")
+    p.add_argument("--out", type=Path, default=Path("learning_curves.png"), metavar="FILE.png")
+
     p = sub.add_parser("pretrained", help="list the shipped models, or add one from a run")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
     actions.add_parser("list", help="the shipped models and their validation bit errors")
@@ -202,6 +209,26 @@ def _cmd_plot(args) -> int:
     return 0
 
 
+def _cmd_curves(args) -> int:
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.config import ConfigError
+    from torch_ntm.plot import plot_learning_curves
+
+    if args.labels is None:
+        labels = []
+        for run in args.runs:
+            config = load_checkpoint(run).config
+            labels.append(f"{config.task} {config.preset} seed {config.seed}")
+    else:
+        labels = [label.strip() for label in args.labels.split(",")]
+        if len(labels) != len(args.runs):
+            raise ConfigError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
+    if len(set(labels)) != len(labels):
+        raise ConfigError(f"labels must differ, got {', '.join(labels)}; pass --labels")
+    print(plot_learning_curves(dict(zip(labels, args.runs)), args.out, split=args.split))
+    return 0
+
+
 def _cmd_pretrained(args) -> int:
     from torch_ntm import pretrained
     from torch_ntm.evaluate import format_table
@@ -260,7 +287,8 @@ def _cmd_bench(args) -> int:
 
 
 _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
-             "pretrained": _cmd_pretrained, "sweep": _cmd_sweep, "bench": _cmd_bench}
+             "curves": _cmd_curves, "pretrained": _cmd_pretrained, "sweep": _cmd_sweep,
+             "bench": _cmd_bench}
 
 
 def main(argv: list[str] | None = None) -> int:

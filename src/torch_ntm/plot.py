@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["plot_run"]
+__all__ = ["plot_run", "plot_learning_curves"]
 
 
 def _pyplot():
@@ -122,27 +122,60 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
     return _save(fig, path)
 
 
-def plot_learning_curve(metrics_csv: Path, path: Path) -> Path | None:
+def _read_metrics(metrics_csv: Path) -> list[dict]:
+    """The rows of a run's ``metrics.csv`` ([] if it does not exist)."""
     if not metrics_csv.exists():
-        return None
+        return []
     with open(metrics_csv, newline="") as f:
-        rows = list(csv.DictReader(f))
-    if not rows:
-        return None
+        return list(csv.DictReader(f))
+
+
+def _curve_axes(curves, path: Path) -> Path:
+    """Cost and bit errors against sequences seen; ``curves``: ``(label, style, rows)``."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
-    for split, style in (("train", "-"), ("val", "o-")):
-        part = [r for r in rows if r["split"] == split and r["cost_bits"]]
+    for label, style, rows in curves:
+        part = [r for r in rows if r["cost_bits"]]
         seqs = [int(r["sequences"]) for r in part]
         for ax, key in zip(axes, ("cost_bits", "bit_errors")):
-            ax.plot(seqs, [float(r[key]) for r in part], style, label=split, markersize=3)
+            ax.plot(seqs, [float(r[key]) for r in part], style, label=label, markersize=3)
     for ax, label in zip(axes, ("cost (bits per sequence)", "bit errors per sequence")):
         ax.set_xlabel("sequences seen")
         ax.set_ylabel(label)
         ax.set_yscale("symlog", linthresh=0.1)
         ax.grid(alpha=0.3)
-        ax.legend()
+        ax.legend(fontsize=8)
     return _save(fig, path)
+
+
+def plot_learning_curve(metrics_csv: Path, path: Path) -> Path | None:
+    """Training and validation curves of one run."""
+    rows = _read_metrics(metrics_csv)
+    if not rows:
+        return None
+    return _curve_axes([(split, style, [r for r in rows if r["split"] == split])
+                        for split, style in (("train", "-"), ("val", "o-"))], path)
+
+
+def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val") -> Path:
+    """Several runs' ``split`` curves on the same axes (e.g. NTM against the LSTM baseline).
+
+    Args:
+        runs: label -> run directory.
+        path: the PNG file to write.
+        split: ``"val"`` (fixed validation set) or ``"train"`` (running training averages).
+    """
+    curves = []
+    for label, run_dir in runs.items():
+        rows = [r for r in _read_metrics(Path(run_dir) / "metrics.csv") if r["split"] == split]
+        if not rows:
+            from torch_ntm.checkpoint import CheckpointError
+
+            raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv (not a run directory?)")
+        curves.append((label, "-" if split == "train" else ".-", rows))
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return _curve_axes(curves, path)
 
 
 def plot_generalisation(rows: list[dict], size_name: str, train_size: int, path: Path) -> Path:
