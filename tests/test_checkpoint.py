@@ -37,6 +37,7 @@ def test_round_trip_restores_identical_outputs(tmp_path):
 
 @pytest.mark.parametrize("preset_args", [
     ["optimizer=adam"],
+    ["optimizer=adam", "amsgrad=true", "lr_decay_bit_errors=1e9"],
     ["optimizer=rmsprop", "clip_value=10", "memory_init=random"],
 ])
 def test_resume_is_bit_identical(tmp_path, preset_args):

@@ -51,7 +51,7 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
         return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
                                    momentum=config.momentum)
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr)
+        return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad)
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
 
 
