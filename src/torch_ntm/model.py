@@ -430,9 +430,9 @@ class NTM(_NTMBase):
         engine: how `forward` runs; the result is the same function on each:
             ``"fast"`` (default) fuses the step into fewer operations and back-propagates through
             the sequence by a hand-written backward (1.3-1.7x the eager loop on a CPU);
-            ``"compiled"`` also compiles the training step with `torch.compile` (about 4x the
-            eager loop; ~25 s of compilation per batch size and memory size, a few seconds once
-            cached on disk; inference under ``no_grad`` runs the uncompiled fast step, as its
+            ``"compiled"`` also compiles the training step with `torch.compile` (3.6-7.5x the
+            eager loop in ``ntm bench``; ~25 s of compilation per batch and memory size, seconds
+            once cached on disk; inference under ``no_grad`` runs the uncompiled fast step, as its
             batch and memory sizes vary); ``"eager"`` loops over the step with plain autograd
             (needed for double backward and `torch.func` transforms). `trace` is always eager.
             May be changed on a built module by assigning ``ntm.engine``.
