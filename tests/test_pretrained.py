@@ -9,8 +9,8 @@ from torch_ntm import pretrained
 from torch_ntm.checkpoint import load_checkpoint
 from torch_ntm.cli import main
 from torch_ntm.config import ConfigError, resolve_config
-from torch_ntm.evaluate import evaluate_sizes
-from torch_ntm.train import train
+from torch_ntm.evaluate import evaluate_batches, evaluate_sizes
+from torch_ntm.train import train, validation_batches
 
 TINY = ["task.max_length=3", "task.width=4", "memory_size=8", "memory_width=4",
         "controller_size=8", "max_sequences=32", "eval_every=2", "eval_sequences=16",
@@ -140,6 +140,22 @@ def test_cli_mistakes_end_in_one_line(root, argv, message, capsys):
     err = capsys.readouterr().err
     assert err.startswith(message)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("name", pretrained.names())
+def test_shipped_model_reproduces_its_recorded_validation(name):
+    # The exact validation set the model was exported with: a change to the model, the fast
+    # path, the task generators or the checkpoint format that alters what it computes fails here.
+    ckpt = load_checkpoint(pretrained.path(name))
+    recorded = ckpt.metrics
+    batches = validation_batches(ckpt.config, ckpt.task())
+    got = evaluate_batches(pretrained.load(name).eval(), batches)
+    n = got["sequences"]
+    assert n == recorded["sequences"]
+    assert got["cost_bits"] == pytest.approx(recorded["cost_bits"], rel=1e-3), name
+    # Float rounding (trained with compiled steps, evaluated without) may flip a borderline bit.
+    assert abs(got["bit_errors"] - recorded["bit_errors"]) <= 1.0 / n, name
+    assert abs(got["perfect"] - recorded["perfect"]) <= 1.0 / n, name
 
 
 @pytest.mark.parametrize("name", pretrained.names())

@@ -30,7 +30,7 @@ from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
 
-__all__ = ["train", "TrainResult", "make_optimizer"]
+__all__ = ["train", "TrainResult", "make_optimizer", "validation_batches"]
 
 CSV_FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
 
@@ -53,6 +53,11 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad)
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
+
+
+def validation_batches(config: TrainConfig, task) -> list:
+    """The fixed validation set of a run: the same sequences at every validation and resume."""
+    return fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
 
 
 def _clip(config: TrainConfig, params) -> torch.Tensor:
@@ -194,7 +199,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         log_file = _MetricsLog(run_dir, step if resume else None)
     train_model = world.wrap(model)
     # Every rank validates the whole (small) set, so all reach the same stopping decision.
-    val_batches = fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
+    val_batches = validation_batches(config, task)
 
     def validate() -> dict:
         nonlocal last_val, streak, lr_decayed
