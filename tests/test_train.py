@@ -15,7 +15,8 @@ def test_tiny_copy_is_solved(tmp_path):
     config = resolve_config("copy", overrides=[
         "task.max_length=3", "task.width=4", "memory_size=16", "memory_width=8",
         "controller_size=32", "lr=1e-2", "batch_size=16", "eval_every=50",
-        "max_sequences=32000", "stop_bit_errors=0", "patience_evals=2", "engine=fast"], seed=0)
+        "max_sequences=32000", "stop_bit_errors=0", "patience_evals=2", "engine=fast",
+        "lr_decay_bit_errors=-1"], seed=0)
     result = train(config, tmp_path / "run", progress=False)
     assert result.converged, result.metrics
     assert result.metrics["bit_errors"] == 0 and result.metrics["perfect"] == 1.0
