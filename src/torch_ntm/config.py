@@ -150,8 +150,11 @@ PRESETS: dict[str, dict[str, dict]] = {
         "lstm": {**_LSTM, "controller_size": 256, "lr": 1e-4, **_PAPER_OPT},
     },
     "ngrams": {
-        "ntm-lstm": {"lr": 3e-5, "optimizer": "adam", "batch_size": 16, "clip_norm": 10.0,
-                     "clip_value": 0.0, "eval_every": 200},
+        # No bit-exact solution exists (targets are random): train a fixed budget and compare
+        # the cost with the Bayes-optimal one. Adam 1e-3: 132.7 bits against 128.9 after
+        # 86,000 sequences (15 minutes here).
+        "ntm-lstm": {"lr": 1e-3, "optimizer": "adam", "batch_size": 16, "clip_norm": 10.0,
+                     "clip_value": 0.0, "eval_every": 200, "max_sequences": 100_000},
         "ntm-lstm-paper": {**_PAPER_OPT, "lr": 3e-5},
         "ntm-ff": {**_NTM_FF, "controller_size": 100, "lr": 3e-5, **_PAPER_OPT},
         "lstm": {**_LSTM, "controller_size": 128, "lr": 1e-4, **_PAPER_OPT},
