@@ -123,3 +123,16 @@ def test_curves_puts_several_runs_on_one_figure(trained, tmp_path, capsys):
     assert "--labels gives 2 labels for 1 runs" in capsys.readouterr().err
     assert main(["curves", str(trained), str(trained), "--out", str(out)]) == 2  # same labels
     assert "labels must differ" in capsys.readouterr().err
+
+
+def test_evaluate_with_changed_task_parameters(trained, capsys):
+    # Lengths come from --lengths; other task parameters from --task-set (here a width change,
+    # which the model cannot take, and a valid change of the length range that --lengths fixes).
+    assert main(["evaluate", str(trained), "--lengths", "2", "--sequences", "4",
+                 "--task-set", "min_length=2", "--json"]) == 0
+    (row,) = json.loads(capsys.readouterr().out)
+    assert row["length"] == 2 and row["sequences"] == 4
+    assert main(["evaluate", str(trained), "--task-set", "width=5"]) == 2
+    assert "alters the task's input or output width" in capsys.readouterr().err
+    assert main(["evaluate", str(trained), "--task-set", "min_length=0"]) == 2
+    assert "min_length must be an integer >= 1" in capsys.readouterr().err

@@ -55,6 +55,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-size", type=int, default=None, metavar="N",
                    help="rebuild the NTM with N memory rows (weights unchanged)")
     p.add_argument("--sequences", type=int, default=100, help="sequences per size")
+    p.add_argument("--task-set", dest="task_overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="change a task parameter for the evaluation, e.g. "
+                   "--task-set min_repeats=20 --task-set max_repeats=20 (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("plot", help="write figures of a run or checkpoint")
@@ -180,13 +183,24 @@ def _checkpoint_arg(args) -> Path:
 
 
 def _cmd_evaluate(args) -> int:
-    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.checkpoint import build_task, load_checkpoint
+    from torch_ntm.config import ConfigError, apply_overrides
     from torch_ntm.evaluate import evaluate_sizes, format_table
 
     ckpt = load_checkpoint(_checkpoint_arg(args))
     overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
     model = ckpt.model(**overrides)
     task = ckpt.task()
+    if args.task_overrides:
+        config = apply_overrides(ckpt.config, [f"task.{item}" for item in args.task_overrides])
+        try:
+            changed = build_task(config)
+        except ValueError as e:
+            raise ConfigError(f"--task-set: {e}") from None
+        if (changed.input_size, changed.output_size) != (task.input_size, task.output_size):
+            raise ConfigError("--task-set: the change alters the task's input or output width, "
+                              "which the trained model cannot take")
+        task = changed
     sizes = args.lengths or list(task.eval_sizes)
     rows = evaluate_sizes(model, task, sizes, num_sequences=args.sequences)
     if args.json:
