@@ -80,6 +80,8 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
      "ntm: error: the model cannot be built from this config: shift_range=100 needs"),
     (["train", "copy", "--set", "device=tpu"], "ntm: error: device 'tpu' is not a valid torch"),
     (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
+    (["train", "copy", "--set", "task.min_length=30"],
+     "ntm: error: the task cannot be built from this config: CopyTask: min_length=30 must be"),
 ])
 def test_user_mistakes_end_in_one_clear_line(argv, message, capsys):
     assert main(argv) == 2

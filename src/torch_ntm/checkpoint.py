@@ -54,8 +54,17 @@ class CheckpointError(Exception):
 
 
 def build_task(config: TrainConfig, **task_overrides):
-    """The task a config trains on (``config.task`` with ``config.task_params``)."""
-    return make_task(config.task, **{**config.task_params, **task_overrides})
+    """The task a config trains on (``config.task`` with ``config.task_params``).
+
+    Raises:
+        ConfigError: the task rejects its parameters (e.g. ``min_length`` > ``max_length``).
+    """
+    try:
+        return make_task(config.task, **{**config.task_params, **task_overrides})
+    except (ValueError, TypeError) as e:
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"the task cannot be built from this config: {e}") from None
 
 
 def model_config(config: TrainConfig, task) -> dict:
