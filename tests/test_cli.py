@@ -138,3 +138,25 @@ def test_evaluate_with_changed_task_parameters(trained, capsys):
     assert "alters the task's input or output width" in capsys.readouterr().err
     assert main(["evaluate", str(trained), "--task-set", "min_length=0"]) == 2
     assert "min_length must be an integer >= 1" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("heads, grid", [((1, 1), (1, 2)), ((2, 3), (2, 3)), ((0, 5), (1, 5))])
+def test_attention_figure_has_a_panel_for_every_head(heads, grid, tmp_path, monkeypatch):
+    import torch
+
+    from torch_ntm import NTM, plot
+
+    write, read = heads
+    figures = []
+    monkeypatch.setattr(plot, "_save", lambda fig, path: figures.append(fig) or path)
+    model = NTM(4, 3, controller_size=6, memory_size=8, memory_width=4, read_heads=read,
+                write_heads=write)
+    with torch.no_grad():
+        _, _, trace = model.trace(torch.rand(5, 1, 4))
+    plot.plot_attention(trace, tmp_path / "attention.png")
+    panels = [ax for ax in figures[0].axes if ax.get_title()]
+    assert [ax.get_title() for ax in panels] == (
+        [f"write weighting (head {h})" for h in range(write)]
+        + [f"read weighting (head {h})" for h in range(read)])
+    rows, cols = grid  # beside each other up to 4 panels, else writes above reads
+    assert {ax.get_subplotspec().get_geometry()[:2] for ax in panels} == {(rows, cols)}

@@ -84,21 +84,28 @@ def plot_io(inputs, targets, outputs, mask, path: Path) -> Path:
 
 
 def plot_attention(trace, path: Path) -> Path:
-    """Write and read weightings of the first head of each kind over time."""
+    """Write and read weightings of every head over time (the first sequence of the batch)."""
     plt = _pyplot()
     w_write, w_read = trace.write_weights[:, 0], trace.read_weights[:, 0]  # (T, Hw|Hr, N)
-    panels = [("write weighting", w_write[:, 0])] if w_write.shape[1] else []
-    panels += [(f"read weighting (head {h})", w_read[:, h]) for h in range(w_read.shape[1])]
-    rows = _visited_rows(torch.cat([w for _, w in panels]))
-    fig, axes = plt.subplots(1, len(panels), figsize=(5 * len(panels), 5), squeeze=False,
-                             layout="constrained")
-    for ax, (title, w) in zip(axes[0], panels):
-        im = ax.imshow(w[:, rows].T.cpu().numpy(), aspect="auto", cmap="viridis", vmin=0, vmax=1,
-                       origin="lower", interpolation="nearest")
-        ax.set_title(title, fontsize=10)
-        ax.set_xlabel("time step")
-        _row_axis(ax, rows)
-    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="weight")
+    lines = [[(f"{kind} weighting (head {h})", w[:, h]) for h in range(w.shape[1])]
+             for kind, w in (("write", w_write), ("read", w_read)) if w.shape[1]]
+    rows = _visited_rows(torch.cat([w for line in lines for _, w in line]))
+    # One head per panel: beside each other while they fit, else writes above reads.
+    grid = [sum(lines, [])] if sum(map(len, lines)) <= 4 else lines
+    cols = max(map(len, grid))
+    size = 5 if len(grid) == 1 else 3.5
+    fig, axes = plt.subplots(len(grid), cols, figsize=(size * cols, size * len(grid)),
+                             squeeze=False, layout="constrained")
+    for ax_line, line in zip(axes, grid):
+        for ax in ax_line[len(line):]:
+            ax.axis("off")
+        for ax, (title, w) in zip(ax_line, line):
+            im = ax.imshow(w[:, rows].T.cpu().numpy(), aspect="auto", cmap="viridis", vmin=0,
+                           vmax=1, origin="lower", interpolation="nearest")
+            ax.set_title(title, fontsize=10)
+            ax.set_xlabel("time step")
+            _row_axis(ax, rows)
+    fig.colorbar(im, ax=axes.ravel().tolist(), shrink=0.8, label="weight")
     return _save(fig, path)
 
 
