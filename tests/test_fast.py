@@ -190,3 +190,26 @@ def test_bench_records_and_table():
     assert "fast-uncompiled/eager" in format_table(records)
     with pytest.raises(ValueError, match="valid choices"):
         run_bench(paths=("turbo",))
+
+
+CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+
+
+@CUDA
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+def test_cuda_fast_path_matches_eager_float64(name):
+    model, x = _model_and_input(CONFIGS[name], torch.float64, 3, 7)
+    model, x = model.cuda(), x.cuda()
+    eager = _run(_eager(model), model, x)
+    fast = _run(make_fast(model), model, x)
+    assert fast[1].device.type == "cuda" and all(g.is_cuda for g in fast[3].values())
+    _assert_same(eager, fast, rtol=1e-10, atol=1e-12)
+
+
+@CUDA
+def test_cuda_compiled_matches_eager_float32():
+    pytest.importorskip("torch._dynamo")
+    model, x = _model_and_input(CONFIGS["multi-head"], torch.float32, 4, 9)
+    model, x = model.cuda(), x.cuda()
+    _assert_same(_run(_eager(model), model, x), _run(make_fast(model, compile=True), model, x),
+                 rtol=1e-4, atol=1e-5)
