@@ -24,6 +24,9 @@ RUNS = {
     "seed-3": dict(nan_steps=3, rows=[  # converges at 100; one training row with a NaN cost
         (6, 100, 0.5, "val", 0.1, 0.0, 1.0), (9, 150, 0.7, "train", "nan", 8.0, ""),
         (12, 200, 1.0, "val", 0.1, 0.0, 1.0)]),
+    "seed-4": dict(nan_steps=0, rows=[  # converges at 100, falls apart at 200 and is rolled back
+        (6, 100, 1.0, "val", 0.1, 0.0, 1.0), (12, 200, 2.0, "val", 30.0, 12.0, 0.0),
+        (12, 200, 2.0, "rollback", 0.1, 0.0, 1.0), (18, 300, 3.0, "val", 0.1, 0.0, 1.0)]),
 }
 
 
@@ -48,7 +51,8 @@ def runs(tmp_path):
 def test_summary_of_four_kinds_of_seed(runs):
     summary = summarise(list(runs.values()))
     rows = [{k: v for k, v in r.items() if k != "run_dir"} for r in summary.pop("seeds")]
-    common = {"complete": True, "collapsed": False, "diverged": False, "nan_steps": 0}
+    common = {"complete": True, "collapsed": False, "rolled_back": 0, "diverged": False,
+              "nan_steps": 0}
     assert rows == [
         {**common, "seed": 0, "converged": True, "converged_sequences": 200, "converged_s": 2.0,
          "final_bit_errors": 0.25},
@@ -58,19 +62,33 @@ def test_summary_of_four_kinds_of_seed(runs):
          "collapsed": True, "final_bit_errors": 0.0},
         {**common, "seed": 3, "converged": True, "converged_sequences": 100, "converged_s": 0.5,
          "diverged": True, "nan_steps": 3, "final_bit_errors": 0.0},
+        {**common, "seed": 4, "converged": True, "converged_sequences": 100, "converged_s": 1.0,
+         "rolled_back": 1, "final_bit_errors": 0.0},
     ]
     assert summary == {
-        "threshold": 0.0, "collapse_bit_errors": 1.0, "num_seeds": 4, "num_converged": 3,
-        "median_converged_s": 2.0, "median_converged_sequences": 200,
-        "max_over_median_s": 2.0, "num_collapsed": 1, "num_diverged": 1, "total_nan_steps": 3,
-        "goal_met": False,
+        "threshold": 0.0, "collapse_bit_errors": 1.0, "num_seeds": 5, "num_converged": 4,
+        "median_converged_s": 1.5, "median_converged_sequences": 150,
+        "max_over_median_s": pytest.approx(4 / 1.5), "num_collapsed": 1, "total_rolled_back": 1,
+        "num_diverged": 1, "total_nan_steps": 3, "goal_met": False,
     }
+
+
+def test_a_collapse_counts_unless_the_trainer_rolls_it_back_at_once(tmp_path):
+    caught = summarise([write_run(tmp_path / "seed-0", 0, RUNS["seed-4"]["rows"])])
+    assert caught["goal_met"] and caught["total_rolled_back"] == 1
+    late = RUNS["seed-4"]["rows"] + [(24, 400, 4.0, "val", 9.0, 4.0, 0.0)]  # falls apart at the end
+    (row,) = summarise([write_run(tmp_path / "seed-1", 0, late)])["seeds"]
+    assert row["collapsed"] and row["rolled_back"] == 1 and row["final_bit_errors"] == 4.0
+    gap = late + [(30, 500, 5.0, "val", 0.1, 0.0, 1.0), (30, 500, 5.0, "rollback", 0, 0, 1)]
+    (row,) = summarise([write_run(tmp_path / "seed-2", 0, gap)])["seeds"]
+    assert row["collapsed"] and row["rolled_back"] == 2  # the rollback came a validation late
 
 
 def test_goal_is_met_only_by_reliable_seeds_within_three_times_the_median(runs, tmp_path):
     assert summarise([runs["seed-0"]])["goal_met"]
     for name in ("seed-1", "seed-2", "seed-3"):  # no convergence, a collapse, NaN
         assert not summarise([runs["seed-0"], runs[name]])["goal_met"], name
+    assert summarise([runs["seed-0"], runs["seed-4"]])["goal_met"]  # rolled back at once
     slow = write_run(tmp_path / "seed-9", 0, [(70, 700, 7.0, "val", 0.1, 0.0, 1.0)])
     fast = [runs["seed-0"], runs["seed-0"]]  # 2.0 s each
     two = summarise([*fast, slow])  # median 2 s, slowest 7 s: 3.5x
@@ -88,7 +106,7 @@ def test_threshold_and_incomplete_or_missing_runs(runs, tmp_path):
     assert first["converged"] and not first["complete"]
     assert missing == {"seed": 7, "run_dir": str(tmp_path / "seed-7"), "complete": False,
                        "converged": False, "converged_sequences": None, "converged_s": None,
-                       "collapsed": False, "diverged": False, "nan_steps": 0,
+                       "collapsed": False, "rolled_back": 0, "diverged": False, "nan_steps": 0,
                        "final_bit_errors": None}
     assert summary["num_converged"] == 1 and not summary["goal_met"]
 
@@ -98,18 +116,20 @@ def test_markdown_report(runs):
     assert text.splitlines() == [
         "# Sweep: copy",
         "",
-        "| seed | converged | sequences | time (s) | collapsed | diverged | NaN steps "
-        "| final bit errors |",
-        "|---:|:---:|---:|---:|:---:|:---:|---:|---:|",
-        "| 0 | yes | 200 | 2.0 | no | no | 0 | 0.25 |",
-        "| 1 | no | - | - | no | no | 0 | 1.5 |",
-        "| 2 | yes | 200 | 4.0 | yes | no | 0 | 0 |",
-        "| 3 | yes | 100 | 0.5 | no | yes | 3 | 0 |",
+        "| seed | converged | sequences | time (s) | collapsed | rolled back | diverged "
+        "| NaN steps | final bit errors |",
+        "|---:|:---:|---:|---:|:---:|---:|:---:|---:|---:|",
+        "| 0 | yes | 200 | 2.0 | no | 0 | no | 0 | 0.25 |",
+        "| 1 | no | - | - | no | 0 | no | 0 | 1.5 |",
+        "| 2 | yes | 200 | 4.0 | yes | 0 | no | 0 | 0 |",
+        "| 3 | yes | 100 | 0.5 | no | 0 | yes | 3 | 0 |",
+        "| 4 | yes | 100 | 1.0 | no | 1 | no | 0 | 0 |",
         "",
-        "- converged: 3/4 (validation bit errors per sequence <= 0)",
-        "- median time to converge: 2.0 s (200 sequences)",
-        "- slowest / median time: 2.00",
-        "- collapsed after converging (validation bit errors > 1): 1",
+        "- converged: 4/5 (validation bit errors per sequence <= 0)",
+        "- median time to converge: 1.5 s (150 sequences)",
+        "- slowest / median time: 2.67",
+        "- collapsed after converging (validation bit errors > 1, not rolled back): 1",
+        "- rollbacks to the best weights: 1",
         "- diverged (non-finite cost): 1; NaN steps: 3",
         "- goal (all converge within 3x the median time, none collapses, no NaN): not met",
     ]

@@ -1,5 +1,6 @@
 """Training must learn: a tiny copy task is solved within a CI-sized budget."""
 
+import dataclasses
 import math
 
 import pytest
@@ -113,3 +114,83 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
     train(never, tmp_path / "never", progress=False)
     assert lr_of(tmp_path / "never") == pytest.approx(0.01)
     assert resolve_config("copy", "ntm-lstm-paper").lr_decay_bit_errors < 0
+
+
+def _scripted_validations(monkeypatch, script):
+    """Make the trainer's validations return ``script``'s (cost, bit errors) in turn, and record
+    the weights each one saw."""
+    import torch_ntm.train as module
+
+    seen = []
+
+    def scripted(model, batches):
+        seen.append({k: v.clone() for k, v in model.state_dict().items()})
+        cost, errors = script[len(seen) - 1]
+        return {"cost_bits": cost, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    return seen
+
+
+ROLLBACK_TINY = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+                 "controller_size=8", "batch_size=2", "eval_every=1", "max_sequences=8",
+                 "engine=fast", "lr=0.01", "lr_decay=0.25", "lr_decay_bit_errors=-1",
+                 "rollback_bit_errors=1"]
+
+
+def test_a_converged_model_that_falls_apart_is_rolled_back_to_its_best(tmp_path, monkeypatch):
+    import json
+
+    from torch_ntm.checkpoint import load_checkpoint
+
+    # Validations: not armed yet, best and armed (no wrong bit), fallen apart (9 > 1), NaN.
+    seen = _scripted_validations(monkeypatch, [(5.0, 0.5), (4.0, 0.0), (40.0, 9.0),
+                                               (float("nan"), float("nan"))])
+    result = train(resolve_config("copy", overrides=ROLLBACK_TINY), tmp_path / "run",
+                   progress=False)
+    best = seen[1]
+    assert any(not torch.equal(seen[2][k], best[k]) for k in best)  # it did train on
+    # The second fall came one step after the first rollback, from the restored weights.
+    ckpt = load_checkpoint(tmp_path / "run")
+    for key, value in ckpt.state_dict.items():
+        assert torch.equal(value, best[key]), key
+    assert ckpt.extra["rollbacks"] == 2 and result.metrics["bit_errors"] == 0.0
+    assert ckpt.metrics == result.metrics == {"cost_bits": 4.0, "bit_errors": 0.0, "perfect": 1.0}
+    lr = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
+    assert lr["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.01 * 0.25 ** 2)
+    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
+    assert [(r[0], r[3], r[5]) for r in rows if r[3] != "train"] == [
+        ("1", "val", "0.5"), ("2", "val", "0"), ("3", "val", "9"), ("3", "rollback", "0"),
+        ("4", "val", "nan"), ("4", "rollback", "0")]
+
+
+@pytest.mark.parametrize("overrides, script", [
+    (["rollback_bit_errors=-1"], [(4.0, 0.0), (40.0, 9.0)]),  # off
+    ([], [(9.0, 0.5), (40.0, 9.0)]),  # never without a wrong bit: not armed
+    ([], [(4.0, 0.0), (4.5, 1.0)]),  # within the margin
+])
+def test_no_rollback_when_off_unarmed_or_within_the_margin(tmp_path, monkeypatch, overrides,
+                                                           script):
+    _scripted_validations(monkeypatch, script)
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=4", *overrides])
+    result = train(config, tmp_path / "run", progress=False)
+    assert result.metrics["bit_errors"] == script[-1][1]
+    assert "rollback" not in (tmp_path / "run" / "metrics.csv").read_text()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+@pytest.mark.parametrize("engine", ["fast", "compiled"])
+def test_training_on_cuda_reduces_the_loss_and_resumes(tmp_path, engine):
+    from torch_ntm.checkpoint import load_checkpoint
+
+    config = resolve_config("copy", overrides=[
+        "task.max_length=3", "task.width=4", "memory_size=16", "memory_width=8",
+        "controller_size=32", "lr=1e-2", "batch_size=16", "eval_every=50", "log_every=10",
+        "max_sequences=3200", f"engine={engine}", "device=cuda"], seed=0)
+    result = train(config, tmp_path / "run", progress=False)
+    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
+    train_costs = [float(r[4]) for r in rows if r[3] == "train"]
+    assert train_costs[-1] < 0.7 * train_costs[0] and math.isfinite(result.metrics["cost_bits"])
+    longer = dataclasses.replace(config, max_sequences=4800)
+    assert train(longer, tmp_path / "run", resume=True, progress=False).sequences == 4800
+    assert load_checkpoint(tmp_path / "run").model().memory_size == 16  # loads on the CPU

@@ -9,7 +9,9 @@ with ``stop_bit_errors=-1``, so a model that converges and later falls apart is 
 
 A seed *converges* at its first validation with bit errors per sequence <= the preset's
 ``stop_bit_errors`` (0 where the preset has none), *collapses* if a later validation has more than
-`COLLAPSE_BIT_ERRORS`, and *diverges* if any logged cost is not finite. The goal: every seed
+`COLLAPSE_BIT_ERRORS` and the trainer did not roll it back at once (``rollback_bit_errors``: a
+``rollback`` row in ``metrics.csv``; the report counts those apart as *rolled back*), and
+*diverges* if any logged cost is not finite. The goal: every seed
 converges within `GOAL_TIME_RATIO` times the median time, none collapses, no NaN anywhere.
 """
 
@@ -159,7 +161,7 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     """One seed's line of the report, from its ``metrics.csv`` and ``checkpoint.json``."""
     row = {"seed": None, "run_dir": str(run_dir), "complete": False, "converged": False,
            "converged_sequences": None, "converged_s": None, "collapsed": False,
-           "diverged": False, "nan_steps": 0, "final_bit_errors": None}
+           "rolled_back": 0, "diverged": False, "nan_steps": 0, "final_bit_errors": None}
     name = run_dir.name
     if name.startswith("seed-") and name[5:].lstrip("-").isdigit():
         row["seed"] = int(name[5:])
@@ -175,23 +177,31 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     if (run_dir / "metrics.csv").exists():
         with open(run_dir / "metrics.csv", newline="") as f:
             rows = list(csv.DictReader(f))
+    fallen = False  # the last validation, after converging, was a collapse
     for r in rows:
         cost = _float(r.get("cost_bits"))
         if cost is not None and not math.isfinite(cost):
             row["diverged"] = True
+        if r.get("split") == "rollback":  # the trainer put the best weights back
+            row["final_bit_errors"] = _float(r.get("bit_errors"))
+            row["rolled_back"] += 1
+            fallen = False
+            continue
         if r.get("split") != "val":
             continue
         errors = _float(r.get("bit_errors"))
         if errors is None:
             continue
+        row["collapsed"] = row["collapsed"] or fallen
         row["final_bit_errors"] = errors
         if not row["converged"]:
             if errors <= threshold:  # NaN compares False: never converged on a NaN
                 row["converged"] = True
                 row["converged_sequences"] = int(r["sequences"])
                 row["converged_s"] = float(r["elapsed_s"])
-        elif not errors <= COLLAPSE_BIT_ERRORS:  # NaN bit errors after converging: collapsed
-            row["collapsed"] = True
+        else:
+            fallen = not errors <= COLLAPSE_BIT_ERRORS  # NaN bit errors after converging too
+    row["collapsed"] = row["collapsed"] or fallen
     return row
 
 
@@ -206,12 +216,14 @@ def summarise(run_dirs, threshold: float = 0.0) -> dict:
     Returns:
         ``seeds``: one dict per run, in order: ``seed``, ``run_dir``, ``complete`` (its
         checkpoint holds the whole ``max_sequences`` budget), ``converged``, ``converged_sequences`` and ``converged_s`` (sequences and training
-        seconds at the first converged validation, or None), ``collapsed``, ``diverged``,
+        seconds at the first converged validation, or None), ``collapsed`` (not rolled back),
+        ``rolled_back`` (how many times the trainer restored its best weights), ``diverged``,
         ``nan_steps`` (skipped updates), ``final_bit_errors`` (last validation, or None);
         and the summary: ``threshold``, ``collapse_bit_errors``, ``num_seeds``,
         ``num_converged``, ``median_converged_s``, ``median_converged_sequences``,
         ``max_over_median_s`` (slowest converged seed's time over the median, or None),
-        ``num_collapsed``, ``num_diverged``, ``total_nan_steps`` and ``goal_met``.
+        ``num_collapsed``, ``total_rolled_back``, ``num_diverged``, ``total_nan_steps`` and
+        ``goal_met``.
     """
     rows = [_seed_row(Path(d), threshold) for d in run_dirs]
     times = [r["converged_s"] for r in rows if r["converged"]]
@@ -231,6 +243,7 @@ def summarise(run_dirs, threshold: float = 0.0) -> dict:
         "median_converged_s": median_s,
         "median_converged_sequences": statistics.median(seqs) if seqs else None,
         "max_over_median_s": ratio, "num_collapsed": num_collapsed,
+        "total_rolled_back": sum(r["rolled_back"] for r in rows),
         "num_diverged": num_diverged, "total_nan_steps": total_nan, "goal_met": goal,
         "seeds": rows,
     }
@@ -244,9 +257,9 @@ def format_report(summary: dict, title: str | None = None) -> str:
     """`summarise`'s dictionary as Markdown: a table with one row per seed, then the summary."""
     lines = [f"# {title}", ""] if title else []
     lines += [
-        "| seed | converged | sequences | time (s) | collapsed | diverged | NaN steps "
-        "| final bit errors |",
-        "|---:|:---:|---:|---:|:---:|:---:|---:|---:|",
+        "| seed | converged | sequences | time (s) | collapsed | rolled back | diverged "
+        "| NaN steps | final bit errors |",
+        "|---:|:---:|---:|---:|:---:|---:|:---:|---:|---:|",
     ]
     for r in summary["seeds"]:
         seqs = f"{r['converged_sequences']:,}" if r["converged"] else "-"
@@ -254,7 +267,8 @@ def format_report(summary: dict, title: str | None = None) -> str:
         final = "-" if r["final_bit_errors"] is None else f"{r['final_bit_errors']:.4g}"
         converged = _yes(r["converged"]) + ("" if r["complete"] else " (incomplete)")
         lines.append(f"| {r['seed']} | {converged} | {seqs} | {secs} | {_yes(r['collapsed'])} "
-                     f"| {_yes(r['diverged'])} | {r['nan_steps']} | {final} |")
+                     f"| {r['rolled_back']} | {_yes(r['diverged'])} | {r['nan_steps']} "
+                     f"| {final} |")
     median_s, median_seq = summary["median_converged_s"], summary["median_converged_sequences"]
     ratio = summary["max_over_median_s"]
     lines += [
@@ -265,7 +279,8 @@ def format_report(summary: dict, title: str | None = None) -> str:
                                          f"{median_s:.1f} s ({median_seq:,.0f} sequences)"),
         "- slowest / median time: " + ("-" if ratio is None else f"{ratio:.2f}"),
         f"- collapsed after converging (validation bit errors > "
-        f"{summary['collapse_bit_errors']:g}): {summary['num_collapsed']}",
+        f"{summary['collapse_bit_errors']:g}, not rolled back): {summary['num_collapsed']}",
+        f"- rollbacks to the best weights: {summary['total_rolled_back']}",
         f"- diverged (non-finite cost): {summary['num_diverged']}; "
         f"NaN steps: {summary['total_nan_steps']}",
         f"- goal (all converge within {GOAL_TIME_RATIO:g}x the median time, none collapses, "

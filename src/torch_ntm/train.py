@@ -2,13 +2,15 @@
 
 A run directory holds the checkpoint (see `torch_ntm.checkpoint`), ``config.json`` (the resolved
 config), ``metrics.csv`` (training rows every ``log_every`` steps, validation rows every
-``eval_every``) and TensorBoard event files under ``tb/``. ``train(..., resume=True)`` continues a
+``eval_every``; a ``rollback`` row with the restored metrics when ``rollback_bit_errors`` puts the
+best weights back) and TensorBoard event files under ``tb/``. ``train(..., resume=True)`` continues a
 run exactly: model, optimizer, RNG states and counters are restored, so N steps equal N/2 steps, a
 resume, and N/2 more, bit for bit on the CPU.
 """
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 import os
@@ -42,7 +44,7 @@ class TrainResult:
     step: int
     sequences: int
     elapsed_s: float
-    metrics: dict  # last validation
+    metrics: dict  # last validation (after a rollback: the restored best's)
     nan_steps: int
 
 
@@ -153,6 +155,38 @@ class _MetricsLog:
             self.tb.close()
 
 
+def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
+    for group in optimizer.param_groups:
+        group["lr"] *= factor
+
+
+class _Best:
+    """The best validation so far (fewest bit errors, then lowest cost), with copies of the
+    weights and optimizer state that produced it, for `TrainConfig.rollback_bit_errors`.
+
+    After a resume the best starts again from the checkpoint (the best before it is not saved).
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, metrics: dict):
+        self.metrics = dict(metrics)
+        self.weights = copy.deepcopy(model.state_dict())
+        self.optimizer = copy.deepcopy(optimizer.state_dict())
+
+    def beaten_by(self, metrics: dict) -> bool:
+        key = (metrics["bit_errors"], metrics["cost_bits"])
+        return key < (self.metrics["bit_errors"], self.metrics["cost_bits"])
+
+    def fell_apart(self, metrics: dict, margin: float) -> bool:
+        """Whether ``metrics`` (a later validation) calls for a rollback: the best had no wrong
+        bit and ``metrics`` has more than ``margin`` per sequence, or NaN."""
+        return 0 <= margin and self.metrics["bit_errors"] == 0 and not metrics["bit_errors"] <= margin
+
+    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
+        model.load_state_dict(self.weights)
+        optimizer.load_state_dict(self.optimizer)
+        return dict(self.metrics)
+
+
 def _progress(total: int, initial: int, enabled: bool | None):
     from tqdm.auto import tqdm
 
@@ -180,7 +214,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
 
-    step = sequences = nan_steps = streak = 0
+    step = sequences = nan_steps = streak = rollbacks = 0
     lr_decayed = False
     elapsed = 0.0
     last_val: dict = {}
@@ -193,6 +227,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         nan_steps = int(ckpt.extra.get("nan_steps", 0))
         streak = int(ckpt.extra.get("streak", 0))
         lr_decayed = bool(ckpt.extra.get("lr_decayed", False))  # the lr is in the optimizer state
+        rollbacks = int(ckpt.extra.get("rollbacks", 0))
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config.to_json() + "\n")
@@ -201,8 +236,11 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     # Every rank validates the whole (small) set, so all reach the same stopping decision.
     val_batches = validation_batches(config, task)
 
+    tracking = config.rollback_bit_errors >= 0
+    best = _Best(model, optimizer, last_val) if tracking and last_val else None
+
     def validate() -> dict:
-        nonlocal last_val, streak, lr_decayed
+        nonlocal last_val, streak, lr_decayed, best, rollbacks
         last_val = evaluate_batches(model, val_batches)
         if world.main:
             log_file.write(step, sequences, elapsed, "val", last_val)
@@ -210,14 +248,22 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         streak = streak + 1 if met else 0
         if (not lr_decayed and 0 <= config.lr_decay_bit_errors
                 and last_val["bit_errors"] <= config.lr_decay_bit_errors):
-            for group in optimizer.param_groups:
-                group["lr"] *= config.lr_decay
+            _scale_lr(optimizer, config.lr_decay)
             lr_decayed = True
+        if best is not None and best.fell_apart(last_val, config.rollback_bit_errors):
+            last_val = best.restore(model, optimizer)
+            _scale_lr(optimizer, config.lr_decay)
+            best = _Best(model, optimizer, last_val)  # the decayed lr is what a later rollback gets
+            rollbacks += 1
+            if world.main:
+                log_file.write(step, sequences, elapsed, "rollback", last_val)
+        elif tracking and (best is None or best.beaten_by(last_val)):
+            best = _Best(model, optimizer, last_val)
         if world.main:
             save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
                             sequences=sequences, elapsed_s=elapsed, metrics=last_val,
                             extra={"nan_steps": nan_steps, "streak": streak,
-                                   "lr_decayed": lr_decayed})
+                                   "lr_decayed": lr_decayed, "rollbacks": rollbacks})
         return last_val
 
     bar = _progress(config.max_sequences, sequences, progress if world.main else False)
