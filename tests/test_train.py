@@ -109,6 +109,10 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
     longer = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=1e9", "max_sequences=16"])
     train(longer, tmp_path / "met", resume=True, progress=False)
     assert lr_of(tmp_path / "met") == pytest.approx(0.0025)
+    # Resumed with a new lr: it replaces the current (decayed) rate.
+    slower = dataclasses.replace(longer, max_sequences=24, lr=0.001)
+    train(slower, tmp_path / "met", resume=True, progress=False)
+    assert lr_of(tmp_path / "met") == pytest.approx(0.001)
     # A threshold no validation of an untrained model meets, and the default (off).
     never = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=0", "max_sequences=8"])
     train(never, tmp_path / "never", progress=False)

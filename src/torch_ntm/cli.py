@@ -154,9 +154,10 @@ def _cmd_train(args) -> int:
     return 0
 
 
-# Keys that do not change the model or the data, so a run may be resumed with new values.
+# Keys that do not change the model or the data, so a run may be resumed with new values; a new
+# lr replaces the optimizer's current rate (to fine-tune a run at a lower one).
 _RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_bit_errors",
-              "patience_evals", "threads", "device"}
+              "patience_evals", "threads", "device", "lr"}
 
 
 def _print_generalisation(run_dir: Path) -> None:

@@ -228,6 +228,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         streak = int(ckpt.extra.get("streak", 0))
         lr_decayed = bool(ckpt.extra.get("lr_decayed", False))  # the lr is in the optimizer state
         rollbacks = int(ckpt.extra.get("rollbacks", 0))
+        if config.lr != ckpt.config.lr:  # resumed with a new rate: it replaces the current one
+            for group in optimizer.param_groups:
+                group["lr"] = config.lr
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.json").write_text(config.to_json() + "\n")
