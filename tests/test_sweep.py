@@ -186,3 +186,40 @@ def test_sweep_mistakes_end_in_one_line_before_any_training(argv, message, tmp_p
     assert err.startswith(message)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "sweep").exists()
+
+
+def test_sigterm_stops_the_children_and_restores_the_handler(tmp_path, monkeypatch):
+    import os
+    import signal
+
+    from torch_ntm.sweep import run_sweep
+
+    class Child:  # a training that never ends; its first poll delivers SIGTERM to the sweep
+        started, terminated = [], []
+
+        def __init__(self, argv, **kwargs):
+            Child.started.append(self)
+
+        def poll(self):
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def terminate(self):
+            Child.terminated.append(self)
+
+        def wait(self):
+            return -15
+
+    def unhandled(signum, frame):  # what SIGTERM does unless the sweep handles it
+        raise RuntimeError("the sweep left SIGTERM unhandled")
+
+    monkeypatch.setattr("torch_ntm.sweep.subprocess.Popen", Child)
+    monkeypatch.setattr("torch_ntm.sweep.time.sleep", lambda s: None)
+    before = signal.signal(signal.SIGTERM, unhandled)
+    try:
+        with pytest.raises(SystemExit) as stopped:
+            run_sweep("copy", 3, jobs=2, out=tmp_path / "sweep", echo=lambda line: None)
+        assert signal.getsignal(signal.SIGTERM) is unhandled  # put back afterwards
+    finally:
+        signal.signal(signal.SIGTERM, before)
+    assert stopped.value.code == 128 + signal.SIGTERM
+    assert len(Child.started) == 2 and Child.terminated == Child.started

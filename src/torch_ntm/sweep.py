@@ -21,9 +21,11 @@ import csv
 import json
 import math
 import os
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -104,6 +106,7 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
     pending = list(zip(range(first_seed, first_seed + seeds), run_dirs))
     running: dict[int, tuple[subprocess.Popen, float]] = {}
     exit_codes: dict[int, int] = {}
+    terminated = _SigtermAsExit()
     try:
         while pending or running:
             while pending and len(running) < jobs:
@@ -123,11 +126,12 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
                     status = ("done" if proc.returncode == 0 else
                               f"FAILED with exit status {proc.returncode} (see {log})")
                     echo(f"seed {seed}: {status} after {time.perf_counter() - started:.1f} s")
-    finally:  # interrupted: stop the children rather than leave them training
+    finally:  # interrupted (Ctrl-C, SIGTERM): stop the children rather than leave them training
         for proc, _ in running.values():
             proc.terminate()
         for proc, _ in running.values():
             proc.wait()
+        terminated.restore()
 
     title = (f"Sweep: {task} ({config.preset}), seeds {first_seed}-{first_seed + seeds - 1}, "
              f"{sequences:,} sequences each")
@@ -137,6 +141,25 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
     (out / "report.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
     (out / "report.md").write_text(format_report(report, title) + "\n")
     return report
+
+
+class _SigtermAsExit:
+    """Turn SIGTERM into `SystemExit` (status 143) until `restore`, so that a sweep killed
+    with ``kill`` stops its children as one stopped with Ctrl-C does (SIGTERM's default
+    action would end the sweep at once and leave them training)."""
+
+    def __init__(self):
+        self.previous = None
+        if threading.current_thread() is threading.main_thread():  # only there can it be set
+            self.previous = signal.signal(signal.SIGTERM, self._exit)
+
+    @staticmethod
+    def _exit(signum, frame):
+        raise SystemExit(128 + signum)
+
+    def restore(self) -> None:
+        if self.previous is not None:
+            signal.signal(signal.SIGTERM, self.previous)
 
 
 def _finite(value):
