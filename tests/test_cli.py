@@ -140,6 +140,15 @@ def test_evaluate_with_changed_task_parameters(trained, capsys):
     assert "alters the task's input or output width" in capsys.readouterr().err
     assert main(["evaluate", str(trained), "--task-set", "min_length=0"]) == 2
     assert "min_length must be an integer >= 1" in capsys.readouterr().err
+    # Mistakes are named in --task-set's own terms, not --set task.KEY's.
+    for item, message in [
+        ("colour=3", "ntm: error: --task-set colour: task 'copy' has no parameter 'colour'; "
+                     "valid: max_length, min_length, width"),
+        ("min_length=x", "ntm: error: --task-set min_length=x: expected a value of type int"),
+        ("min_length", "ntm: error: --task-set expects key=value, got 'min_length'"),
+    ]:
+        assert main(["evaluate", str(trained), "--task-set", item]) == 2
+        assert capsys.readouterr().err.strip() == message
 
 
 @pytest.mark.parametrize("heads, grid", [((1, 1), (1, 2)), ((2, 3), (2, 3)), ((0, 5), (1, 5))])

@@ -186,7 +186,7 @@ def _checkpoint_arg(args) -> Path:
 
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import build_task, load_checkpoint
-    from torch_ntm.config import ConfigError, apply_overrides
+    from torch_ntm.config import ConfigError, apply_task_overrides
     from torch_ntm.evaluate import evaluate_sizes, format_table
 
     ckpt = load_checkpoint(_checkpoint_arg(args))
@@ -194,7 +194,7 @@ def _cmd_evaluate(args) -> int:
     model = ckpt.model(**overrides)
     task = ckpt.task()
     if args.task_overrides:
-        config = apply_overrides(ckpt.config, [f"task.{item}" for item in args.task_overrides])
+        config = apply_task_overrides(ckpt.config, args.task_overrides)
         changed = build_task(config)
         if (changed.input_size, changed.output_size) != (task.input_size, task.output_size):
             raise ConfigError("--task-set: the change alters the task's input or output width, "

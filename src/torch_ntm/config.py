@@ -13,7 +13,8 @@ import typing
 from dataclasses import dataclass, field
 
 __all__ = [
-    "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides", "resolve_device",
+    "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
+    "apply_task_overrides", "resolve_device",
 ]
 
 
@@ -204,7 +205,7 @@ def _check_type(name: str, value, expected, source: str) -> None:
         )
 
 
-def _parse_value(text: str, expected, name: str):
+def _parse_value(text: str, expected, name: str, option: str = "--set"):
     """Parse a command-line string into ``expected`` (bool, int, float, str), or raise."""
     try:
         if expected is bool:
@@ -222,7 +223,7 @@ def _parse_value(text: str, expected, name: str):
             return text
     except ValueError:
         pass
-    raise ConfigError(f"--set {name}={text}: expected a value of type {expected.__name__}")
+    raise ConfigError(f"{option} {name}={text}: expected a value of type {expected.__name__}")
 
 
 def _task_field_types(task: str) -> dict:
@@ -233,25 +234,47 @@ def _task_field_types(task: str) -> dict:
     return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
 
 
+def _split(item: str, option: str) -> tuple[str, str]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{option} expects key=value, got {item!r}")
+    return key, text
+
+
+def _task_param(config: TrainConfig, name: str, text: str, option: str, prefix: str):
+    """The value of task parameter ``name`` given as ``text`` on the command line as
+    ``option prefix+name=text``."""
+    types = _task_field_types(config.task)
+    if name not in types:
+        raise ConfigError(
+            f"{option} {prefix}{name}: task {config.task!r} has no parameter {name!r}; valid: "
+            + ", ".join(f"{prefix}{n}" for n in sorted(types))
+        )
+    return _parse_value(text, types[name], prefix + name, option)
+
+
+def apply_task_overrides(config: TrainConfig, overrides: list[str],
+                         option: str = "--task-set") -> TrainConfig:
+    """Apply ``key=value`` strings to the task's own parameters only, type-checked; errors name
+    ``option`` (as ``ntm evaluate --task-set`` takes them)."""
+    task_params = dict(config.task_params)
+    for item in overrides:
+        key, text = _split(item, option)
+        task_params[key] = _task_param(config, key, text, option, prefix="")
+    return dataclasses.replace(config, task_params=task_params)
+
+
 def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
     """Apply ``key=value`` strings (``task.key=value`` for task parameters), type-checked."""
     fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
     settable = sorted(set(fields) - {"task", "task_params", "preset"})
     changes, task_params = {}, dict(config.task_params)
     for item in overrides:
-        key, sep, text = item.partition("=")
-        key = key.strip()
-        if not sep or not key:
-            raise ConfigError(f"--set expects key=value, got {item!r}")
+        key, text = _split(item, "--set")
         if key.startswith("task."):
             name = key[len("task.") :]
-            types = _task_field_types(config.task)
-            if name not in types:
-                raise ConfigError(
-                    f"--set {key}: task {config.task!r} has no parameter {name!r}; valid: "
-                    + ", ".join(f"task.{n}" for n in sorted(types))
-                )
-            task_params[name] = _parse_value(text, types[name], key)
+            task_params[name] = _task_param(config, name, text, "--set", prefix="task.")
         elif key in settable:
             changes[key] = _parse_value(text, _field_type(fields[key]), key)
         else:
