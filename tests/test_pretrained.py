@@ -162,9 +162,10 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
 def test_shipped_model_still_solves_its_task(name):
     # Shipped models are checked at their training size against the validation bit errors they
     # were exported with (the validation set mixes all sizes up to the training size, so allow
-    # twice as many, and at least half a bit per sequence).
+    # twice as many, and at least half a bit per sequence). 256 sequences: priority sort's errors
+    # sit in a few sequences, and 50 of them varied by more than that.
     info = pretrained.info(name)
     model = pretrained.load(name).eval()
     task = load_checkpoint(pretrained.path(name)).task()
-    (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=50)
+    (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=256)
     assert row["bit_errors"] <= max(0.5, 2 * info["metrics"]["bit_errors"]), (name, row)
