@@ -89,9 +89,10 @@ def plot_attention(trace, path: Path) -> Path:
     w_write, w_read = trace.write_weights[:, 0], trace.read_weights[:, 0]  # (T, Hw|Hr, N)
     lines = [[(f"{kind} weighting (head {h})", w[:, h]) for h in range(w.shape[1])]
              for kind, w in (("write", w_write), ("read", w_read)) if w.shape[1]]
-    rows = _visited_rows(torch.cat([w for line in lines for _, w in line]))
+    panels = sum(lines, [])
+    rows = _visited_rows(torch.cat([w for _, w in panels]))
     # One head per panel: beside each other while they fit, else writes above reads.
-    grid = [sum(lines, [])] if sum(map(len, lines)) <= 4 else lines
+    grid = [panels] if len(panels) <= 4 else lines
     cols = max(map(len, grid))
     size = 5 if len(grid) == 1 else 3.5
     fig, axes = plt.subplots(len(grid), cols, figsize=(size * cols, size * len(grid)),

@@ -3,9 +3,9 @@
 A run directory holds the checkpoint (see `torch_ntm.checkpoint`), ``config.json`` (the resolved
 config), ``metrics.csv`` (training rows every ``log_every`` steps, validation rows every
 ``eval_every``; a ``rollback`` row with the restored metrics when ``rollback_bit_errors`` puts the
-best weights back) and TensorBoard event files under ``tb/``. ``train(..., resume=True)`` continues a
-run exactly: model, optimizer, RNG states and counters are restored, so N steps equal N/2 steps, a
-resume, and N/2 more, bit for bit on the CPU.
+best weights back) and TensorBoard event files under ``tb/``. ``train(..., resume=True)``
+continues a run exactly: model, optimizer, RNG states and counters are restored, so N steps equal
+N/2 steps, a resume, and N/2 more, bit for bit on the CPU.
 """
 
 from __future__ import annotations
@@ -178,8 +178,8 @@ class _Best:
 
     def fell_apart(self, metrics: dict, margin: float) -> bool:
         """Whether ``metrics`` (a later validation) calls for a rollback: the best had no wrong
-        bit and ``metrics`` has more than ``margin`` per sequence, or NaN."""
-        return 0 <= margin and self.metrics["bit_errors"] == 0 and not metrics["bit_errors"] <= margin
+        bit and ``metrics`` has more than ``margin`` (>= 0) per sequence, or NaN."""
+        return self.metrics["bit_errors"] == 0 and not metrics["bit_errors"] <= margin
 
     def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
         model.load_state_dict(self.weights)
