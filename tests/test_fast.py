@@ -13,6 +13,8 @@ CONFIGS = {
     "feedforward": {"controller": "feedforward", "controller_layers": 2, "read_heads": 2},
     "read-only": {"write_heads": 0, "shift_range": 0},
     "random-memory": {"memory_init": "random", "batch_first": True},
+    "capped": {"max_beta": 2.0, "max_gamma": 1.5, "write_heads": 2},
+    "gamma-capped": {"max_gamma": 3.0, "controller": "feedforward"},
 }
 SMALL = {"controller_size": 11, "memory_size": 7, "memory_width": 5}
 

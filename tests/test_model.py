@@ -118,14 +118,19 @@ def reference_step(model, x: torch.Tensor, state: NTMState):
     read_raw = raw[:, : hr * fields_read].reshape(b, hr, fields_read)
     write_raw = raw[:, hr * fields_read :].reshape(b, hw, fields_read + 2 * m)
 
+    def capped(x, cap):  # cap * tanh(x / cap), or x itself when unbounded
+        return x if cap is None else cap * torch.tanh(x / cap)
+
+    gamma_cap = None if model.max_gamma is None else model.max_gamma - 1.0
+
     def head(raw_h):
         s_end = m + 2 + 2 * r + 1
         return {
             "key": torch.tanh(raw_h[..., :m]),
-            "beta": tnf.softplus(raw_h[..., m : m + 1]),
+            "beta": capped(tnf.softplus(raw_h[..., m : m + 1]), model.max_beta),
             "gate": torch.sigmoid(raw_h[..., m + 1 : m + 2]),
             "s": torch.softmax(raw_h[..., m + 2 : s_end], dim=-1),
-            "gamma": 1.0 + tnf.softplus(raw_h[..., s_end : s_end + 1]),
+            "gamma": 1.0 + capped(tnf.softplus(raw_h[..., s_end : s_end + 1]), gamma_cap),
             "erase": torch.sigmoid(raw_h[..., s_end + 1 : s_end + 1 + m]),
             "add": torch.tanh(raw_h[..., s_end + 1 + m :]),
         }
@@ -152,8 +157,9 @@ def reference_step(model, x: torch.Tensor, state: NTMState):
         {"controller_layers": 2, "shift_range": 2},
         {"controller": "feedforward"},
         {"write_heads": 0},
+        {"max_beta": 1.5, "max_gamma": 1.2},
     ],
-    ids=["heads_2r_2w", "lstm_2_layers_shift_2", "feedforward", "read_only"],
+    ids=["heads_2r_2w", "lstm_2_layers_shift_2", "feedforward", "read_only", "capped"],
 )
 def test_cell_step_matches_a_reference_composed_from_parameters(cfg):
     cell = build(NTMCell, dtype=torch.float64, **cfg)

@@ -37,7 +37,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torch_ntm.functional import EPS
-from torch_ntm.model import NTM, NTMState
+from torch_ntm.model import NTM, NTMState, soft_cap
 
 __all__ = ["FastNTM", "make_fast", "fast_forward"]
 
@@ -56,6 +56,8 @@ class _Config(NamedTuple):
     # similarities and recompute the rest there (best compiled: fused elementwise work is cheaper
     # than more tensors in and out of every step; measured 1.05-1.1x).
     keep: bool = True
+    beta_cap: float = 0.0  # soft caps of beta and of gamma - 1 (`model.soft_cap`; 0: none)
+    gamma_cap: float = 0.0
 
 
 # ------------------------------------------------------------------------------------------------
@@ -204,8 +206,25 @@ def _activate_heads(cfg: _Config, raw: Tensor):
     ta = torch.tanh(raw[:, :o1])
     sg = torch.sigmoid(raw[:, o1:o2])
     sp = F.softplus(raw[:, o2:o3])
+    if cfg.beta_cap or cfg.gamma_cap:  # beta | gamma - 1, each soft-capped
+        k = hw + hr
+        sp = torch.cat([soft_cap(sp[:, :k], cfg.beta_cap), soft_cap(sp[:, k:], cfg.gamma_cap)], 1)
     sm = torch.softmax(raw[:, o3:].reshape(raw.shape[0], hw + hr, cfg.shifts), dim=-1)
     return ta, sg, sp, sm, 1.0 + sp[:, hw + hr :]
+
+
+def _softplus_block_grad(cfg: _Config, raw: Tensor, sp: Tensor) -> Tensor:
+    """Derivative of the softplus block (beta | gamma - 1, capped) for its raw input ``raw``,
+    given its value ``sp``: ``sigmoid(raw)``, times ``1 - (sp / cap)^2`` where capped."""
+    d = torch.sigmoid(raw)
+    if cfg.beta_cap or cfg.gamma_cap:
+        k = d.shape[1] // 2
+        caps = [cfg.beta_cap, cfg.gamma_cap]
+        parts = [d[:, :k], d[:, k:]]
+        values = [sp[:, :k], sp[:, k:]]
+        d = torch.cat([p * (1.0 - (v / c).square()) if c else p
+                       for p, v, c in zip(parts, values, caps)], 1)
+    return d
 
 
 def _step(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
@@ -379,7 +398,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
         [
             d_tanh * (1.0 - ta.square()),
             d_sig * sg * (1.0 - sg),
-            d_sp * torch.sigmoid(raw[:, o2 : o2 + n_sp]),
+            d_sp * _softplus_block_grad(cfg, raw[:, o2 : o2 + n_sp], sp),
             d_sm.reshape(b, -1),
         ],
         dim=1,
@@ -604,6 +623,8 @@ class FastNTM:
             width=model.memory_width,
             shifts=2 * model.shift_range + 1,
             keep=not self.compile,
+            beta_cap=model._caps[0],
+            gamma_cap=model._caps[1],
         )
         self._head_perm = _head_permutation(model)
         c = model.controller_size

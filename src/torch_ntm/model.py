@@ -65,6 +65,10 @@ class NTMTrace(NamedTuple):
     erase: Tensor  # (T, B, Hw, M)
     add: Tensor  # (T, B, Hw, M)
     memory: Tensor  # (T, B, N, M), after the step's write
+    read_beta: Tensor  # (T, B, Hr) key strengths of the read heads
+    read_gamma: Tensor  # (T, B, Hr) sharpening exponents of the read heads
+    write_beta: Tensor  # (T, B, Hw)
+    write_gamma: Tensor  # (T, B, Hw)
 
 
 class LSTMController(nn.Module):
@@ -162,8 +166,15 @@ def _head_fields(width: int, shifts: int, write: bool) -> list[int]:
     return fields + [width, width] if write else fields
 
 
-def _activate(raw: Tensor, fields: list[int]) -> HeadParameters:
-    """Split ``[B, H, sum(fields)]`` raw parameters into named fields and apply activations."""
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """``cap * tanh(x / cap)``: ~x for x << cap, never above cap; ``cap = 0`` leaves x as is."""
+    return x if cap == 0 else cap * torch.tanh(x / cap)
+
+
+def _activate(raw: Tensor, fields: list[int], beta_cap: float = 0.0,
+              gamma_cap: float = 0.0) -> HeadParameters:
+    """Split ``[B, H, sum(fields)]`` raw parameters into named fields and apply activations;
+    beta and gamma - 1 are soft-capped at ``beta_cap`` and ``gamma_cap`` (0: unbounded)."""
     parts = torch.split(raw, fields, dim=-1)
     key, beta, gate, shift, gamma = parts[:5]
     erase = add = None
@@ -171,10 +182,10 @@ def _activate(raw: Tensor, fields: list[int]) -> HeadParameters:
         erase, add = torch.sigmoid(parts[5]), torch.tanh(parts[6])
     return HeadParameters(
         key=torch.tanh(key),
-        beta=F.softplus(beta),
+        beta=soft_cap(F.softplus(beta), beta_cap),
         gate=torch.sigmoid(gate),
         shift=torch.softmax(shift, dim=-1),
-        gamma=1.0 + F.softplus(gamma),
+        gamma=1.0 + soft_cap(F.softplus(gamma), gamma_cap),
         erase=erase,
         add=add,
     )
@@ -184,6 +195,16 @@ def _positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def _bound(name: str, value, above: float) -> float | None:
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
+        above < value < math.inf
+    ):
+        raise ValueError(f"{name} must be None (unbounded) or a number > {above}, got {value!r}")
+    return float(value)
 
 
 class _NTMBase(nn.Module):
@@ -206,6 +227,8 @@ class _NTMBase(nn.Module):
         write_heads: int = 1,
         shift_range: int = 1,
         memory_init: str = "constant",
+        max_beta: float | None = None,
+        max_gamma: float | None = None,
         device=None,
         dtype=None,
     ) -> None:
@@ -222,6 +245,8 @@ class _NTMBase(nn.Module):
         self.write_heads = _positive_int("write_heads", write_heads, minimum=0)
         self.shift_range = _positive_int("shift_range", shift_range, minimum=0)
         self.memory_init = _choice("memory_init", memory_init, MEMORY_INITS)
+        self.max_beta = _bound("max_beta", max_beta, 0.0)
+        self.max_gamma = _bound("max_gamma", max_gamma, 1.0)
         if 2 * shift_range + 1 > memory_size:
             raise ValueError(
                 f"shift_range={shift_range} needs 2*shift_range+1 <= memory_size, "
@@ -268,7 +293,8 @@ class _NTMBase(nn.Module):
             f"controller_size={self.controller_size}, controller_layers={self.controller_layers}, "
             f"memory_size={self.memory_size}, memory_width={self.memory_width}, "
             f"read_heads={self.read_heads}, write_heads={self.write_heads}, "
-            f"shift_range={self.shift_range}, memory_init={self.memory_init!r}"
+            f"shift_range={self.shift_range}, memory_init={self.memory_init!r}, "
+            f"max_beta={self.max_beta}, max_gamma={self.max_gamma}"
         )
 
     def config(self) -> dict:
@@ -285,6 +311,8 @@ class _NTMBase(nn.Module):
             "write_heads": self.write_heads,
             "shift_range": self.shift_range,
             "memory_init": self.memory_init,
+            "max_beta": self.max_beta,
+            "max_gamma": self.max_gamma,
         }
 
     def initial_state(self, batch_size: int, device=None, dtype=None) -> NTMState:
@@ -324,6 +352,11 @@ class _NTMBase(nn.Module):
             reads=self.reads0.to(device, dtype).expand(b, -1, -1),
         )
 
+    @property
+    def _caps(self) -> tuple[float, float]:
+        """Soft caps of beta and of gamma - 1 for `_activate` (0: unbounded)."""
+        return (self.max_beta or 0.0, (self.max_gamma or 1.0) - 1.0)
+
     def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, NTMState):
             raise TypeError(f"state must be an NTMState, got {type(state).__name__}")
@@ -349,24 +382,24 @@ class _NTMBase(nn.Module):
 
     def _step(self, x: Tensor, state: NTMState, record: bool = False):
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
-        plus a tuple ``(erase, add)`` when ``record``."""
+        plus the activated `HeadParameters` ``(write, read)`` when ``record`` (write is None
+        without write heads)."""
         b = x.shape[0]
         ctrl_in = torch.cat([x, state.reads.reshape(b, -1)], dim=-1)
         h, ctrl = self.controller(ctrl_in, state.controller)
         raw = self.head_params(h)  # (B, P): every head's parameters at once
 
         memory, w_write = state.memory, state.write_weights
-        erase = add = None
+        wp = None
         if self.write_heads:
-            wp = _activate(
-                raw[:, self._read_split :].view(b, self.write_heads, -1), self._write_fields
-            )
+            wp = _activate(raw[:, self._read_split :].view(b, self.write_heads, -1),
+                           self._write_fields, *self._caps)
             w_write = ntmf.address(
                 memory, w_write, wp.key, wp.beta, wp.gate, wp.shift, wp.gamma
             )
             memory = ntmf.write(memory, w_write, wp.erase, wp.add)
-            erase, add = wp.erase, wp.add
-        rp = _activate(raw[:, : self._read_split].view(b, self.read_heads, -1), self._read_fields)
+        rp = _activate(raw[:, : self._read_split].view(b, self.read_heads, -1),
+                       self._read_fields, *self._caps)
         w_read = ntmf.address(
             memory, state.read_weights, rp.key, rp.beta, rp.gate, rp.shift, rp.gamma
         )
@@ -374,7 +407,7 @@ class _NTMBase(nn.Module):
         logits = self.output(torch.cat([h, reads.reshape(b, -1)], dim=-1))
         new_state = NTMState(ctrl, memory, w_read, w_write, reads)
         if record:
-            return logits, new_state, (erase, add)
+            return logits, new_state, (wp, rp)
         return logits, new_state
 
 
@@ -426,6 +459,11 @@ class NTM(_NTMBase):
         shift_range: R; the heads can shift by -R..+R rows per step (2R+1 <= N).
         memory_init: ``"constant"`` (1e-6 everywhere), ``"learned"`` (one learned row repeated N
             times) or ``"random"`` (small uniform noise, drawn anew for each sequence).
+        max_beta, max_gamma: None (default) for the paper's unbounded key strength
+            ``softplus`` and sharpening ``1 + softplus``; a number bounds them smoothly,
+            ``beta = max_beta tanh(softplus / max_beta)`` (likewise gamma - 1 below
+            max_gamma - 1). For ablations: bounding gamma did not prevent the collapses of
+            docs/stability.md (gradient-norm clipping at 1 did).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: how `forward` runs; the result is the same function on each:
             ``"fast"`` (default) fuses the step into fewer operations and back-propagates through
@@ -518,10 +556,12 @@ class NTM(_NTMBase):
         x, state = self._prepare(x, state)
         outputs, rows = [], []
         for x_t in x:
-            y, state, (erase, add) = self._step(x_t, state, record=True)
+            y, state, (wp, rp) = self._step(x_t, state, record=True)
             outputs.append(y)
-            if erase is None:  # no write heads
-                erase = add = state.memory.new_zeros(x.shape[1], 0, self.memory_width)
-            rows.append((state.read_weights, state.write_weights, erase, add, state.memory))
+            if wp is None:  # no write heads: empty write fields
+                empty = state.memory.new_zeros(x.shape[1], 0, self.memory_width)
+                wp = HeadParameters(empty, empty[..., :1], None, None, empty[..., :1], empty, empty)
+            rows.append((state.read_weights, state.write_weights, wp.erase, wp.add, state.memory,
+                         rp.beta[..., 0], rp.gamma[..., 0], wp.beta[..., 0], wp.gamma[..., 0]))
         trace = NTMTrace(*(torch.stack(col) for col in zip(*rows)))
         return self._finish(outputs), state, trace

@@ -1,0 +1,185 @@
+"""Train NTMs with a user's plain loop, several seeds, and report converged / collapsed / NaN.
+
+The loop is what a user writes around `torch_ntm.NTM` with the README's recommendations: Adam,
+gradient-norm clipping at 10, batches of 16, one thread; no rollback, no learning-rate decay, no
+early stop. A seed *converges* at its first validation without a wrong bit; it then trains on to
+``--factor`` times the sequences that took, and *collapses* if a later validation has more than
+``--collapse-bits`` wrong bits per sequence. Every ``--log-every`` steps it also records the
+quantities of `torch_ntm.diagnostics` (gradient norms per group, update size, largest beta and
+gamma, weighting entropy, memory row norms), so a collapse can be looked at in the act.
+
+    python scripts/plain_loop.py copy --seeds 0-9 --out docs/sweeps/plain-copy
+    python scripts/plain_loop.py associative_recall --seeds 0-4 --out docs/sweeps/plain-recall
+    python scripts/plain_loop.py copy --seeds 0-4 --model-set sharpen_floor=0 --out /tmp/ablate
+
+Writes ``OUT/seed-S.csv`` per seed and ``OUT/report.json`` and ``OUT/report.md`` for all.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import time
+from pathlib import Path
+
+import torch
+
+from torch_ntm import NTM
+from torch_ntm.config import PRESETS, TrainConfig
+from torch_ntm.diagnostics import gradient_norms, head_statistics
+from torch_ntm.evaluate import evaluate_batches, fixed_batches
+from torch_ntm.metrics import masked_bce
+from torch_ntm.tasks import make_task
+
+MODEL_KEYS = ("controller", "controller_size", "controller_layers", "memory_size", "memory_width",
+              "read_heads", "write_heads", "shift_range", "memory_init")
+
+
+def seeds_arg(text: str) -> list[int]:
+    if "-" in text:
+        lo, hi = text.split("-")
+        return list(range(int(lo), int(hi) + 1))
+    return [int(s) for s in text.split(",")]
+
+
+def model_kwargs(task_name: str, overrides: list[str]) -> dict:
+    """The task's ntm-lstm preset architecture, then ``key=value`` overrides (Python literals)."""
+    preset = PRESETS[task_name]["ntm-lstm"]
+    defaults = TrainConfig()
+    kwargs = {k: preset.get(k, getattr(defaults, k)) for k in MODEL_KEYS}
+    for item in overrides:
+        key, _, value = item.partition("=")
+        try:
+            kwargs[key] = json.loads(value)
+        except json.JSONDecodeError:
+            kwargs[key] = value
+    return kwargs
+
+
+def write_rows(path: Path, fields: list[str], rows: list[dict]) -> None:
+    keys = fields + sorted({k for r in rows for k in r} - set(fields))
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, keys)
+        writer.writeheader()
+        writer.writerows(rows)
+
+
+def run_seed(args, seed: int, out: Path) -> dict:
+    torch.manual_seed(seed)
+    gen = torch.Generator().manual_seed(seed)
+    task = make_task(args.task)
+    model = NTM(task.input_size, task.output_size, engine=args.engine,
+                **model_kwargs(args.task, args.model_set))
+    params = list(model.parameters())
+    opt = torch.optim.Adam(params, lr=args.lr, eps=args.adam_eps)
+    val = fixed_batches(task, 256, 64)
+    fields = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "grad_norm",
+              "update_ratio", "update_max"]
+    rows, start = [], time.perf_counter()
+    converged_at = None
+    worst_after = 0.0
+    nan = False
+    step = 0
+    budget = args.max_sequences
+    while step * args.batch_size < budget:
+        inputs, targets, mask = task.sample(args.batch_size, gen)
+        logits, _ = model(inputs)
+        loss = masked_bce(logits, targets, mask).mean()
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        log = (step + 1) % args.log_every == 0
+        if log:
+            groups = gradient_norms(model)
+            before = [p.detach().clone() for p in params]
+        norm = torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+        opt.step()
+        step += 1
+        seqs = step * args.batch_size
+        if not math.isfinite(float(loss.detach())) or not math.isfinite(float(norm)):
+            nan = True
+        if log:
+            delta = torch.cat([(p.detach() - b).flatten() for p, b in zip(params, before)])
+            weight = torch.cat([b.flatten() for b in before])
+            row = {"step": step, "sequences": seqs, "elapsed_s": time.perf_counter() - start,
+                   "split": "train", "cost_bits": float(loss.detach()) / math.log(2),
+                   "grad_norm": float(norm),
+                   "update_ratio": float(delta.norm() / weight.norm()),
+                   "update_max": float(delta.abs().max()),
+                   **{f"grad_{k}": v for k, v in groups.items()},
+                   **head_statistics(model, inputs[:, : args.diag_sequences])}
+            rows.append(row)
+        if step % args.eval_every == 0 or nan:
+            m = evaluate_batches(model, val)
+            rows.append({"step": step, "sequences": seqs,
+                         "elapsed_s": time.perf_counter() - start, "split": "val",
+                         "cost_bits": m["cost_bits"], "bit_errors": m["bit_errors"]})
+            err = m["bit_errors"]
+            if not math.isfinite(err) or not math.isfinite(m["cost_bits"]):
+                nan = True
+            if converged_at is None and err == 0:
+                converged_at = seqs
+                budget = min(args.max_sequences, args.factor * seqs)
+            elif converged_at is not None:
+                worst_after = max(worst_after, err if math.isfinite(err) else math.inf)
+            write_rows(out / f"seed-{seed}.csv", fields, rows)  # so far, to watch it live
+            if args.verbose:
+                print(f"seed {seed} seq {seqs} val bits {m['cost_bits']:.3f} err {err:.3f}",
+                      flush=True)
+        if nan:
+            break
+    write_rows(out / f"seed-{seed}.csv", fields, rows)
+    last = [r for r in rows if r["split"] == "val"][-1]
+    status = ("nan" if nan else "not converged" if converged_at is None
+              else "collapsed" if worst_after > args.collapse_bits else "converged")
+    return {"seed": seed, "status": status, "converged_at": converged_at,
+            "sequences": step * args.batch_size, "worst_bit_errors_after": worst_after,
+            "final_bit_errors": last["bit_errors"], "elapsed_s": time.perf_counter() - start}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    p.add_argument("task")
+    p.add_argument("--seeds", type=seeds_arg, default=[0])
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--adam-eps", type=float, default=1e-8)
+    p.add_argument("--clip-norm", type=float, default=10.0)
+    p.add_argument("--batch-size", type=int, default=16)
+    p.add_argument("--engine", default="compiled")
+    p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
+    p.add_argument("--eval-every", type=int, default=100)
+    p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--diag-sequences", type=int, default=4)
+    p.add_argument("--factor", type=float, default=3.0)
+    p.add_argument("--collapse-bits", type=float, default=1.0)
+    p.add_argument("--max-sequences", type=int, default=200_000)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--verbose", action="store_true")
+    args = p.parse_args()
+    torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    results = []
+    for seed in args.seeds:
+        results.append(run_seed(args, seed, args.out))
+        print(json.dumps(results[-1]), flush=True)
+    settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
+    (args.out / "report.json").write_text(json.dumps({"settings": settings, "seeds": results},
+                                                     indent=2) + "\n")
+    lines = ["| seed | status | converged at (sequences) | trained to | worst bit errors after "
+             "| final bit errors |", "|---:|---|---:|---:|---:|---:|"]
+    for r in results:
+        lines.append(f"| {r['seed']} | {r['status']} | {r['converged_at'] or '-'} | "
+                     f"{r['sequences']} | {r['worst_bit_errors_after']:.3g} | "
+                     f"{r['final_bit_errors']:.3g} |")
+    counts = {s: sum(r["status"] == s for r in results)
+              for s in ("converged", "collapsed", "nan", "not converged")}
+    lines.append("")
+    lines.append(", ".join(f"{k}: {v}" for k, v in counts.items()))
+    (args.out / "report.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()
