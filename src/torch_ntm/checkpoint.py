@@ -47,6 +47,9 @@ __all__ = [
 FORMAT = "torch-ntm-checkpoint"
 VERSION = 1
 CHECKPOINT_JSON = "checkpoint.json"
+# Checkpoints written before the caps on beta and gamma existed hold models of the paper's
+# unbounded form: a config without these keys means that, whatever today's defaults are.
+PRE_CAP_CONFIG = {"max_beta": 0.0, "max_gamma": 0.0}
 
 
 class CheckpointError(Exception):
@@ -82,6 +85,7 @@ def model_config(config: TrainConfig, task) -> dict:
         "memory_width": config.memory_width, "read_heads": config.read_heads,
         "write_heads": config.write_heads, "shift_range": config.shift_range,
         "memory_init": config.memory_init,
+        "max_beta": config.max_beta or None, "max_gamma": config.max_gamma or None,
     }
 
 
@@ -318,7 +322,7 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     json_path = find_checkpoint(path)
     rec = _read_json(json_path)
     try:
-        config = TrainConfig.from_dict(rec["config"], source=str(json_path))
+        config = TrainConfig.from_dict({**PRE_CAP_CONFIG, **rec["config"]}, source=str(json_path))
         weights_name, weights_sha = rec["weights"], rec["weights_sha256"]
     except (KeyError, TypeError, ConfigError) as e:
         raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None

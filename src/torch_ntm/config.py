@@ -44,6 +44,8 @@ class TrainConfig:
     write_heads: int = 1
     shift_range: int = 1
     memory_init: str = "constant"
+    max_beta: float = 0.0  # soft cap of the key strength beta; 0: unbounded (the paper's softplus)
+    max_gamma: float = 0.0  # soft cap of the sharpening gamma; 0: unbounded (1 + softplus)
     engine: str = "compiled"  # NTM.forward's engine: "compiled", "fast" or "eager" (same function)
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
@@ -69,6 +71,11 @@ class TrainConfig:
     max_seconds: float = 0.0  # wall-clock budget; 0 means none
     eval_every: int = 500  # optimizer steps between validations and checkpoints
     eval_sequences: int = 256  # fixed validation set drawn from the training distribution
+    # Generalisation: task sizes beyond training (copy: lengths) validated too, with
+    # eval_size_sequences fixed sequences each, once the training distribution has no wrong bit.
+    # Stopping needs them clean too, and the run keeps the weights that did best on all of them.
+    eval_sizes: list[int] = field(default_factory=list)
+    eval_size_sequences: int = 100
     stop_bit_errors: float = -1.0  # stop when validation bit errors/sequence <= this; <0: never
     patience_evals: int = 1  # consecutive validations that must meet the criterion
     # Housekeeping.
@@ -199,6 +206,13 @@ def _field_type(f: dataclasses.Field):
 
 
 def _check_type(name: str, value, expected, source: str) -> None:
+    if typing.get_origin(expected) is list:  # list[int]
+        if not isinstance(value, list) or not all(
+            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+        ):
+            raise ConfigError(f"{source}: {name} must be a list of positive integers, got "
+                              f"{value!r}")
+        return
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return
     if expected is int and isinstance(value, bool):
@@ -214,6 +228,11 @@ def _check_type(name: str, value, expected, source: str) -> None:
 def _parse_value(text: str, expected, name: str, option: str = "--set"):
     """Parse a command-line string into ``expected`` (bool, int, float, str), or raise."""
     try:
+        if typing.get_origin(expected) is list:  # comma-separated positive integers
+            values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
+            if all(v >= 1 for v in values):
+                return values
+            raise ValueError
         if expected is bool:
             lowered = text.lower()
             if lowered in ("1", "true", "yes", "on"):
@@ -229,7 +248,9 @@ def _parse_value(text: str, expected, name: str, option: str = "--set"):
             return text
     except ValueError:
         pass
-    raise ConfigError(f"{option} {name}={text}: expected a value of type {expected.__name__}")
+    kind = "comma-separated positive integers" if typing.get_origin(expected) is list else (
+        f"a value of type {expected.__name__}")
+    raise ConfigError(f"{option} {name}={text}: expected {kind}")
 
 
 def _task_field_types(task: str) -> dict:

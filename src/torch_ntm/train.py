@@ -10,7 +10,6 @@ N/2 steps, a resume, and N/2 more, bit for bit on the CPU.
 
 from __future__ import annotations
 
-import copy
 import csv
 import math
 import os
@@ -31,9 +30,11 @@ from torch_ntm.checkpoint import (
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
+from torch_ntm.stability import BestWeights
 
 __all__ = ["train", "TrainResult", "make_optimizer", "validation_batches"]
 
+GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes)
 CSV_FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
 
 
@@ -160,30 +161,38 @@ def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
         group["lr"] *= factor
 
 
-class _Best:
-    """The best validation so far (fewest bit errors, then lowest cost), with copies of the
-    weights and optimizer state that produced it, for `TrainConfig.rollback_bit_errors`.
+def _score(metrics: dict) -> tuple:
+    """Order of validations, best first: fewest wrong bits in the training distribution, then
+    fewest at the generalisation sizes (``eval_sizes``; none validated counts as infinitely
+    many), then the lowest cost."""
+    general = metrics.get("general_bit_errors")
+    return (metrics["bit_errors"], math.inf if general is None else general, metrics["cost_bits"])
+
+
+class _Best(BestWeights):
+    """`BestWeights` ordered by `_score`, which also remembers the best validation's metrics.
 
     After a resume the best starts again from the checkpoint (the best before it is not saved).
     """
 
-    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer, metrics: dict):
-        self.metrics = dict(metrics)
-        self.weights = copy.deepcopy(model.state_dict())
-        self.optimizer = copy.deepcopy(optimizer.state_dict())
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
+        super().__init__(model, optimizer)
+        self.metrics: dict = {}
 
-    def beaten_by(self, metrics: dict) -> bool:
-        key = (metrics["bit_errors"], metrics["cost_bits"])
-        return key < (self.metrics["bit_errors"], self.metrics["cost_bits"])
+    def offer(self, metrics: dict, replace: bool = False) -> None:
+        """Keep the current weights if ``metrics`` is the best validation (or if ``replace``)."""
+        if replace:
+            self.score = None
+        if self.update(_score(metrics)):
+            self.metrics = dict(metrics)
 
     def fell_apart(self, metrics: dict, margin: float) -> bool:
         """Whether ``metrics`` (a later validation) calls for a rollback: the best had no wrong
         bit and ``metrics`` has more than ``margin`` (>= 0) per sequence, or NaN."""
-        return self.metrics["bit_errors"] == 0 and not metrics["bit_errors"] <= margin
+        return self.metrics.get("bit_errors") == 0 and not metrics["bit_errors"] <= margin
 
-    def restore(self, model: nn.Module, optimizer: torch.optim.Optimizer) -> dict:
-        model.load_state_dict(self.weights)
-        optimizer.load_state_dict(self.optimizer)
+    def restore(self) -> dict:
+        super().restore()
         return dict(self.metrics)
 
 
@@ -238,30 +247,46 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     train_model = world.wrap(model)
     # Every rank validates the whole (small) set, so all reach the same stopping decision.
     val_batches = validation_batches(config, task)
+    # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the model
+    # on other sequences than those that chose when to stop and which weights to keep.
+    general_batches = {size: fixed_batches(task.with_size(size), config.eval_size_sequences, 50,
+                                           seed=GENERAL_SEED) for size in config.eval_sizes}
 
-    tracking = config.rollback_bit_errors >= 0
-    best = _Best(model, optimizer, last_val) if tracking and last_val else None
+    best = _Best(model, optimizer)
+    if last_val:
+        best.offer(last_val)
 
     def validate() -> dict:
-        nonlocal last_val, streak, lr_decayed, best, rollbacks
+        nonlocal last_val, streak, lr_decayed, rollbacks
         last_val = evaluate_batches(model, val_batches)
         if world.main:
             log_file.write(step, sequences, elapsed, "val", last_val)
-        met = 0 <= config.stop_bit_errors and last_val["bit_errors"] <= config.stop_bit_errors
+        if general_batches and last_val["bit_errors"] == 0:  # only a solved model can generalise
+            errors = 0.0
+            for size, batches in general_batches.items():
+                row = evaluate_batches(model, batches)
+                errors += row["bit_errors"]
+                if world.main:
+                    log_file.write(step, sequences, elapsed, f"val@{size}", row)
+            last_val["general_bit_errors"] = errors
+        met = 0 <= config.stop_bit_errors and max(
+            last_val["bit_errors"], 0.0 if not general_batches
+            else last_val.get("general_bit_errors", math.inf)) <= config.stop_bit_errors
         streak = streak + 1 if met else 0
         if (not lr_decayed and 0 <= config.lr_decay_bit_errors
                 and last_val["bit_errors"] <= config.lr_decay_bit_errors):
             _scale_lr(optimizer, config.lr_decay)
             lr_decayed = True
-        if best is not None and best.fell_apart(last_val, config.rollback_bit_errors):
-            last_val = best.restore(model, optimizer)
+        if config.rollback_bit_errors >= 0 and best.fell_apart(last_val,
+                                                               config.rollback_bit_errors):
+            last_val = best.restore()
             _scale_lr(optimizer, config.lr_decay)
-            best = _Best(model, optimizer, last_val)  # the decayed lr is what a later rollback gets
+            best.offer(last_val, replace=True)  # the decayed lr is what a later rollback gets
             rollbacks += 1
             if world.main:
                 log_file.write(step, sequences, elapsed, "rollback", last_val)
-        elif tracking and (best is None or best.beaten_by(last_val)):
-            best = _Best(model, optimizer, last_val)
+        else:
+            best.offer(last_val)
         if world.main:
             save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
                             sequences=sequences, elapsed_s=elapsed, metrics=last_val,

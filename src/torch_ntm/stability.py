@@ -1,0 +1,87 @@
+"""Keeping what training found, for `ntm train` and for users' own loops.
+
+`BestWeights` holds a copy of the weights (and optimizer state) of the best validation so far and
+puts them back on request: the run keeps the model that validated best, and a model that falls
+apart after learning can be rolled back. docs/stability.md explains when NTMs fall apart and what
+prevents it (above all, gradient-norm clipping at the size of a typical gradient, ``max_norm=1``).
+
+Example (a user's loop; ``validate`` returns wrong bits per sequence, lower is better)::
+
+    keeper = BestWeights(ntm, optimizer)
+    for step in range(steps):
+        ...
+        torch.nn.utils.clip_grad_norm_(ntm.parameters(), 1.0)
+        optimizer.step()
+        if step % 100 == 0:
+            keeper.update(validate(ntm))
+    keeper.restore()                    # end on the best weights, not the last ones
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import torch
+from torch import nn
+
+__all__ = ["BestWeights"]
+
+
+class BestWeights:
+    """The weights and optimizer state of the best score seen so far (lower is better).
+
+    Args:
+        model: the module whose ``state_dict`` is kept.
+        optimizer: optional; its state is kept and restored with the weights, so that training
+            continues from the best point exactly as it would have from there.
+
+    A score is anything ordered: a number, or a tuple compared item by item (e.g. ``(wrong bits,
+    cost)``). NaN never counts as better.
+    """
+
+    def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        self.model = model
+        self.optimizer = optimizer
+        self.score = None
+        self._weights: dict | None = None
+        self._optimizer_state: dict | None = None
+
+    def update(self, score) -> bool:
+        """Keep a copy of the current weights if ``score`` beats the best so far; returns whether
+        it did."""
+        if _has_nan(score) or (self.score is not None and not score < self.score):
+            return False
+        self.score = score
+        self._weights = copy.deepcopy(self.model.state_dict())
+        if self.optimizer is not None:
+            self._optimizer_state = copy.deepcopy(self.optimizer.state_dict())
+        return True
+
+    def restore(self):
+        """Load the best weights (and optimizer state) back; returns their score.
+
+        Raises:
+            RuntimeError: `update` has not kept anything yet.
+        """
+        if self._weights is None:
+            raise RuntimeError("BestWeights.restore: no weights kept yet; call update(score) first")
+        self.model.load_state_dict(self._weights)
+        if self.optimizer is not None and self._optimizer_state is not None:
+            self.optimizer.load_state_dict(self._optimizer_state)
+        return self.score
+
+    def state_dict(self) -> dict:
+        """The kept weights and optimizer state with their score, to save with a checkpoint."""
+        return {"score": self.score, "weights": self._weights,
+                "optimizer": self._optimizer_state}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.score = state["score"]
+        self._weights = state["weights"]
+        self._optimizer_state = state["optimizer"]
+
+
+def _has_nan(score) -> bool:
+    values = score if isinstance(score, (tuple, list)) else (score,)
+    return any(isinstance(v, float) and math.isnan(v) for v in values)
