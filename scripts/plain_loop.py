@@ -31,6 +31,7 @@ from torch_ntm.config import PRESETS, TrainConfig
 from torch_ntm.diagnostics import gradient_norms, head_statistics
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import masked_bce
+from torch_ntm.stability import SpikeClip
 from torch_ntm.tasks import make_task
 
 MODEL_KEYS = ("controller", "controller_size", "controller_layers", "memory_size", "memory_width",
@@ -75,6 +76,8 @@ def run_seed(args, seed: int, out: Path) -> dict:
     params = list(model.parameters())
     opt = torch.optim.Adam(params, lr=args.lr, eps=args.adam_eps)
     val = fixed_batches(task, 256, 64)
+    clip = (SpikeClip(params, factor=args.clip_spikes, max_norm=args.clip_norm)
+            if args.clip_spikes else None)
     fields = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "grad_norm",
               "update_ratio", "update_max"]
     rows, start = [], time.perf_counter()
@@ -82,6 +85,7 @@ def run_seed(args, seed: int, out: Path) -> dict:
     worst_after = 0.0
     nan = False
     step = 0
+    norms: list[float] = []
     budget = args.max_sequences
     while step * args.batch_size < budget:
         inputs, targets, mask = task.sample(args.batch_size, gen)
@@ -89,11 +93,19 @@ def run_seed(args, seed: int, out: Path) -> dict:
         loss = masked_bce(logits, targets, mask).mean()
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        log = (step + 1) % args.log_every == 0
+        fine = args.fine[0] <= (step + 1) * args.batch_size <= args.fine[1]
+        log = (step + 1) % args.log_every == 0 or fine
         if log:
             groups = gradient_norms(model)
             before = [p.detach().clone() for p in params]
-        norm = torch.nn.utils.clip_grad_norm_(params, args.clip_norm)
+        norm = clip() if clip is not None else torch.nn.utils.clip_grad_norm_(params,
+                                                                              args.clip_norm)
+        if args.dump_spikes and converged_at is not None and len(norms) >= 50 and (
+                float(norm) > args.dump_spikes * sorted(norms)[len(norms) // 2]):
+            weights = {k: v.clone() for k, v in model.state_dict().items()}  # before the step
+            torch.save({"model": weights, "batch": (inputs, targets, mask), "step": step,
+                        "norm": float(norm)}, out / f"spike-{seed}-{step}.pt")
+        norms = (norms + [float(norm)])[-50:]
         opt.step()
         step += 1
         seqs = step * args.batch_size
@@ -146,11 +158,20 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--adam-eps", type=float, default=1e-8)
     p.add_argument("--clip-norm", type=float, default=10.0)
+    p.add_argument("--clip-spikes", type=float, default=0.0, metavar="FACTOR",
+                   help="clip at FACTOR times the median recent norm too (SpikeClip)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--engine", default="compiled")
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=50)
+    p.add_argument("--fine", type=lambda t: tuple(int(v) for v in t.split(":")), default=(0, -1),
+                   metavar="FROM:TO", help="also log every step between these sequence counts")
+    p.add_argument("--cosine-eps", type=float, default=None,
+                   help="ablation: replace torch_ntm.functional.EPS (added to squared norms)")
+    p.add_argument("--dump-spikes", type=float, default=0.0, metavar="FACTOR",
+                   help="after converging, save weights and batch of every step whose gradient "
+                   "norm exceeds FACTOR times the median of the last 50 (for analysis)")
     p.add_argument("--diag-sequences", type=int, default=4)
     p.add_argument("--factor", type=float, default=3.0)
     p.add_argument("--collapse-bits", type=float, default=1.0)
@@ -159,6 +180,11 @@ def main() -> None:
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
     torch.set_num_threads(args.threads)
+    if args.cosine_eps is not None:  # ablation: the cosine similarity's epsilon, every engine
+        import torch_ntm.fast
+        import torch_ntm.functional
+
+        torch_ntm.functional.EPS = torch_ntm.fast.EPS = args.cosine_eps
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:

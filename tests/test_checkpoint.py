@@ -39,6 +39,7 @@ def test_round_trip_restores_identical_outputs(tmp_path):
     ["optimizer=adam"],
     ["optimizer=adam", "amsgrad=true", "lr_decay_bit_errors=1e9"],
     ["optimizer=rmsprop", "clip_value=10", "memory_init=random"],
+    ["optimizer=adam", "clip_spikes=1.5", "clip_norm=10"],  # the recent norms are resumed
 ])
 def test_resume_is_bit_identical(tmp_path, preset_args):
     steps = 8

@@ -8,7 +8,7 @@ import torch
 from torch_ntm import NTM
 from torch_ntm.diagnostics import gradient_norms, head_statistics
 from torch_ntm.model import soft_cap
-from torch_ntm.stability import BestWeights
+from torch_ntm.stability import BestWeights, SpikeClip
 
 SMALL = {"controller_size": 10, "memory_size": 9, "memory_width": 4}
 
@@ -176,3 +176,72 @@ def test_best_weights_state_dict_round_trip():
     other = BestWeights(_model())
     other.load_state_dict(keeper.state_dict())
     assert other.score == 0.5 and not other.update(0.7) and other.update(0.1)
+
+
+# --------------------------------------------------------------------------------------------
+# SpikeClip.
+# --------------------------------------------------------------------------------------------
+
+
+def _set_grad(p, norm):
+    p.grad = torch.full_like(p, norm / math.sqrt(p.numel()))
+
+
+def test_spike_clip_clips_at_a_multiple_of_the_recent_median():
+    p = torch.nn.Parameter(torch.zeros(16))
+    clip = SpikeClip([p], factor=2.0, window=5, max_norm=100.0, warmup=3)
+    for norm in (1.0, 3.0, 2.0):  # warm-up: only the absolute clip
+        _set_grad(p, norm)
+        assert float(clip()) == pytest.approx(norm)
+        assert float(p.grad.norm()) == pytest.approx(norm)
+    assert clip.threshold == pytest.approx(4.0)  # 2 x median(1, 3, 2)
+    _set_grad(p, 500.0)  # a spike: returned as measured, clipped to the threshold
+    assert float(clip()) == pytest.approx(500.0)
+    assert float(p.grad.norm()) == pytest.approx(4.0)
+    _set_grad(p, 1.5)  # an ordinary step is left alone
+    clip()
+    assert float(p.grad.norm()) == pytest.approx(1.5)
+    assert clip.threshold == pytest.approx(2 * 2.0)  # median(1, 3, 2, 500, 1.5) = 2
+
+
+def test_spike_clip_keeps_the_absolute_bound_ignores_nan_and_round_trips():
+    p = torch.nn.Parameter(torch.zeros(4))
+    clip = SpikeClip([p], factor=10.0, max_norm=3.0, warmup=1)
+    _set_grad(p, 2.0)
+    clip()
+    _set_grad(p, 50.0)
+    clip()
+    assert float(p.grad.norm()) == pytest.approx(3.0)  # min(3, 10 x 2)
+    p.grad = torch.full_like(p, float("nan"))
+    assert not torch.isfinite(clip())
+    assert list(clip.norms) == [2.0, 50.0]  # the NaN step is not recorded
+    other = SpikeClip([p], factor=10.0, max_norm=3.0, warmup=1)
+    other.load_state_dict(clip.state_dict())
+    assert other.threshold == clip.threshold
+    with pytest.raises(ValueError, match="factor"):
+        SpikeClip([p], factor=0.5)
+
+
+def test_training_with_spike_clipping_resumes_exactly(tmp_path):
+    """The recent norms are part of the checkpoint: without them the resumed run would clip
+    at clip_norm during a new warm-up, and end on other weights."""
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.config import resolve_config
+    from torch_ntm.train import train
+
+    def config(steps):
+        return resolve_config("copy", overrides=[
+            "controller_size=8", "memory_size=8", "memory_width=4", "task.max_length=3",
+            "task.width=3", "engine=fast", "optimizer=adam", "lr=0.01", "clip_norm=10",
+            "clip_spikes=1.0", "batch_size=2", f"max_sequences={2 * steps}", "eval_every=12",
+            "eval_sequences=4", "log_every=4", "eval_sizes=", "stop_bit_errors=-1",
+            "rollback_bit_errors=-1"])
+
+    train(config(24), tmp_path / "full", progress=False)
+    train(config(12), tmp_path / "split", progress=False)
+    train(config(24), tmp_path / "split", resume=True, progress=False)
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "split")
+    assert len(a.extra["recent_grad_norms"]) == 24
+    assert a.extra == b.extra
+    for key, value in a.state_dict.items():
+        assert torch.equal(value, b.state_dict[key]), key

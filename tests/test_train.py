@@ -17,7 +17,7 @@ def test_tiny_copy_is_solved(tmp_path):
         "task.max_length=3", "task.width=4", "memory_size=16", "memory_width=8",
         "controller_size=32", "lr=1e-2", "batch_size=16", "eval_every=50",
         "max_sequences=32000", "stop_bit_errors=0", "patience_evals=2", "engine=fast",
-        "lr_decay_bit_errors=-1"], seed=0)
+        "lr_decay_bit_errors=-1", "eval_sizes="], seed=0)
     result = train(config, tmp_path / "run", progress=False)
     assert result.converged, result.metrics
     assert result.metrics["bit_errors"] == 0 and result.metrics["perfect"] == 1.0
@@ -139,7 +139,7 @@ def _scripted_validations(monkeypatch, script):
 ROLLBACK_TINY = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
                  "controller_size=8", "batch_size=2", "eval_every=1", "max_sequences=8",
                  "engine=fast", "lr=0.01", "lr_decay=0.25", "lr_decay_bit_errors=-1",
-                 "rollback_bit_errors=1"]
+                 "rollback_bit_errors=1", "eval_sizes="]
 
 
 def test_a_converged_model_that_falls_apart_is_rolled_back_to_its_best(tmp_path, monkeypatch):
@@ -198,3 +198,36 @@ def test_training_on_cuda_reduces_the_loss_and_resumes(tmp_path, engine):
     longer = dataclasses.replace(config, max_sequences=4800)
     assert train(longer, tmp_path / "run", resume=True, progress=False).sequences == 4800
     assert load_checkpoint(tmp_path / "run").model().memory_size == 16  # loads on the CPU
+
+
+def test_stopping_needs_the_generalisation_sizes_clean_and_they_are_logged(tmp_path,
+                                                                          monkeypatch):
+    """Validations at eval_sizes run only once the training distribution has no wrong bit, and
+    the run stops only when they are clean too, patience_evals times in a row."""
+    import torch_ntm.train as module
+
+    calls = []
+    # (training distribution, length 5, length 9) wrong bits per validation; None: not run.
+    script = [(2.0, None, None), (0.0, 3.0, 7.0), (0.0, 0.0, 0.0), (0.0, 0.0, 1.0),
+              (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)]
+
+    def scripted(model, batches):
+        length = int(batches[0][0].mask.sum(0).max())  # answer steps: the copy length
+        kind = "train" if length <= 2 else length
+        calls.append(kind)
+        errors = script[calls.count("train") - 1][{"train": 0, 5: 1, 9: 2}[kind]]
+        return {"cost_bits": 1.0, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "eval_sizes=5,9",
+                                               "stop_bit_errors=0", "patience_evals=2",
+                                               "rollback_bit_errors=-1", "max_sequences=40"])
+    result = train(config, tmp_path / "run", progress=False)
+    assert result.converged and result.step == 6
+    assert calls == ["train", "train", 5, 9, "train", 5, 9, "train", 5, 9, "train", 5, 9,
+                     "train", 5, 9]
+    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
+    logged = [(r[0], r[3], r[5]) for r in rows if r[3] != "train"]
+    assert logged[:4] == [("1", "val", "2"), ("2", "val", "0"), ("2", "val@5", "3"),
+                          ("2", "val@9", "7")]
+    assert result.metrics["general_bit_errors"] == 0.0

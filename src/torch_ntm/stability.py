@@ -21,11 +21,14 @@ from __future__ import annotations
 
 import copy
 import math
+import statistics
+from collections import deque
+from collections.abc import Iterable
 
 import torch
 from torch import nn
 
-__all__ = ["BestWeights"]
+__all__ = ["BestWeights", "SpikeClip"]
 
 
 class BestWeights:
@@ -85,3 +88,59 @@ class BestWeights:
 def _has_nan(score) -> bool:
     values = score if isinstance(score, (tuple, list)) else (score,)
     return any(isinstance(v, float) and math.isnan(v) for v in values)
+
+
+class SpikeClip:
+    """Gradient-norm clipping at ``factor`` times the median norm of the last ``window`` steps.
+
+    Call it where ``torch.nn.utils.clip_grad_norm_`` would go, between ``backward`` and the
+    optimizer's step. A solved NTM still meets rare sequences whose gradient is 30-1,000 times a
+    typical one; Adam turns such a spike into a step of several learning rates in every
+    coordinate it touches, in the direction of that one sequence, and a few of them undo the
+    solution (docs/stability.md). A fixed ``max_norm`` cannot tell a spike from an ordinary step,
+    because the typical norm falls by orders of magnitude as training converges (copy: ~10 at
+    the start, ~0.05 when solved; associative recall down to ~0.005); relative to the recent
+    median it can, on every task.
+
+    Args:
+        parameters: the parameters whose gradients are clipped (a list is kept; a generator is
+            consumed once).
+        factor: clip at this multiple of the median recent norm.
+        window: how many recent norms the median is taken over.
+        max_norm: an absolute clip as well, and the only one during the first ``warmup`` steps.
+        warmup: steps before the relative clip starts (the median needs a few norms).
+
+    Returns (on call): the total gradient norm before clipping (a tensor, as
+    ``clip_grad_norm_``); a non-finite norm is returned and not recorded, so that a caller can
+    skip the step.
+    """
+
+    def __init__(self, parameters: Iterable[torch.Tensor], factor: float = 2.0,
+                 window: int = 100, max_norm: float = 10.0, warmup: int = 10) -> None:
+        if not factor >= 1.0 or not max_norm > 0 or window < 1 or warmup < 1:
+            raise ValueError("SpikeClip needs factor >= 1, max_norm > 0, window >= 1 and "
+                             f"warmup >= 1; got factor={factor}, max_norm={max_norm}, "
+                             f"window={window}, warmup={warmup}")
+        self.parameters = list(parameters)
+        self.factor, self.max_norm, self.warmup = float(factor), float(max_norm), int(warmup)
+        self.norms: deque[float] = deque(maxlen=int(window))
+
+    @property
+    def threshold(self) -> float:
+        """The norm the next call clips at."""
+        if len(self.norms) < self.warmup:
+            return self.max_norm
+        return min(self.max_norm, self.factor * statistics.median(self.norms))
+
+    def __call__(self) -> torch.Tensor:
+        norm = nn.utils.clip_grad_norm_(self.parameters, self.threshold)
+        if torch.isfinite(norm):
+            self.norms.append(float(norm))
+        return norm
+
+    def state_dict(self) -> dict:
+        return {"norms": list(self.norms)}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.norms.clear()
+        self.norms.extend(float(v) for v in state["norms"])

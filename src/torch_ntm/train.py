@@ -30,7 +30,7 @@ from torch_ntm.checkpoint import (
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
-from torch_ntm.stability import BestWeights
+from torch_ntm.stability import BestWeights, SpikeClip
 
 __all__ = ["train", "TrainResult", "make_optimizer", "validation_batches"]
 
@@ -63,13 +63,22 @@ def validation_batches(config: TrainConfig, task) -> list:
     return fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
 
 
-def _clip(config: TrainConfig, params) -> torch.Tensor:
-    """Clip by value and/or by global norm; returns the global gradient norm (after value
-    clipping), which is non-finite exactly when some gradient is."""
+def _spike_clip(config: TrainConfig, params) -> SpikeClip | None:
+    """With ``clip_spikes``, the norm clip relative to the recent median (`SpikeClip`)."""
+    if config.clip_spikes <= 0:
+        return None
+    max_norm = config.clip_norm if config.clip_norm > 0 else math.inf
+    return SpikeClip(params, factor=config.clip_spikes, max_norm=max_norm)
+
+
+def _clip(config: TrainConfig, params, spikes: SpikeClip | None) -> torch.Tensor:
+    """Clip by value and/or by global norm (``clip_norm``, and spikes if ``spikes``); returns the
+    global gradient norm (after value clipping), non-finite exactly when some gradient is."""
     if config.clip_value > 0:
         nn.utils.clip_grad_value_(params, config.clip_value)
-    max_norm = config.clip_norm if config.clip_norm > 0 else float("inf")
-    return nn.utils.clip_grad_norm_(params, max_norm)
+    if spikes is not None:
+        return spikes()
+    return nn.utils.clip_grad_norm_(params, config.clip_norm if config.clip_norm > 0 else math.inf)
 
 
 class _World:
@@ -222,6 +231,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     model = build_model(config, task, device=device)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = make_optimizer(config, params)
+    spikes = _spike_clip(config, params)
 
     step = sequences = nan_steps = streak = rollbacks = 0
     lr_decayed = False
@@ -237,6 +247,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         streak = int(ckpt.extra.get("streak", 0))
         lr_decayed = bool(ckpt.extra.get("lr_decayed", False))  # the lr is in the optimizer state
         rollbacks = int(ckpt.extra.get("rollbacks", 0))
+        if spikes is not None:
+            spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})
         if config.lr != ckpt.config.lr:  # resumed with a new rate: it replaces the current one
             for group in optimizer.param_groups:
                 group["lr"] = config.lr
@@ -291,7 +303,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
             save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
                             sequences=sequences, elapsed_s=elapsed, metrics=last_val,
                             extra={"nan_steps": nan_steps, "streak": streak,
-                                   "lr_decayed": lr_decayed, "rollbacks": rollbacks})
+                                   "lr_decayed": lr_decayed, "rollbacks": rollbacks,
+                                   "recent_grad_norms": [] if spikes is None
+                                   else list(spikes.norms)})
         return last_val
 
     bar = _progress(config.max_sequences, sequences, progress if world.main else False)
@@ -310,7 +324,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
             per_seq = masked_bce(logits, targets, mask)
             optimizer.zero_grad(set_to_none=True)
             per_seq.mean().backward()
-            if torch.isfinite(_clip(config, params)):
+            if torch.isfinite(_clip(config, params, spikes)):
                 optimizer.step()
             else:
                 nan_steps += 1  # skip the update: one bad batch must not destroy the model
