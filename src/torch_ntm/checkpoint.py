@@ -8,9 +8,14 @@ A run directory holds::
     train-state-<step>.safetensors    optimizer tensors and RNG states (for an exact resume)
 
 Every file is written to a temporary name, flushed to disk and renamed into place; the JSON is
-renamed last and only then are the previous step's files removed. A crash at any moment therefore
-leaves a `checkpoint.json` that names complete files, and a modified or truncated file is caught by
-its hash before it is parsed.
+renamed last and only then are superseded files removed (other steps' weights and training state,
+and temporary files a crashed save left). A crash at any moment therefore leaves a
+`checkpoint.json` that names complete files, and a modified or truncated file is caught by its
+hash before it is parsed.
+
+A record is not trusted: the file names it gives must be plain names of the two patterns above
+(nothing outside the run directory is read or removed), each with its SHA-256, and a named file
+must be a regular file.
 """
 
 from __future__ import annotations
@@ -19,6 +24,8 @@ import dataclasses
 import hashlib
 import json
 import os
+import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,6 +54,12 @@ __all__ = [
 FORMAT = "torch-ntm-checkpoint"
 VERSION = 1
 CHECKPOINT_JSON = "checkpoint.json"
+# The only names a record may give for its files: plain names in the run directory.
+_FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
+               "train_state": re.compile(r"train-state-[0-9]+\.safetensors")}
+# Temporary files of `_atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
+_TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state)-[0-9]+"
+                        r"\.safetensors)\.[A-Za-z0-9_]+\.tmp")
 
 
 class CheckpointError(Exception):
@@ -181,8 +194,6 @@ def save_checkpoint(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
-    previous = _read_json(json_path) if json_path.exists() else None
-
     weights_name = f"weights-{step:08d}.safetensors"
     _atomic_write(run_dir / weights_name, st_save(_cpu_contiguous(model.state_dict())))
     record = {
@@ -209,13 +220,19 @@ def save_checkpoint(
         record["train_state"] = state_name
         record["train_state_sha256"] = _sha256(run_dir / state_name)
     _atomic_write(json_path, json.dumps(record, indent=2).encode())
-
-    if previous:  # the new JSON is in place: the old step's files are no longer referenced
-        for key in ("weights", "train_state"):
-            old = previous.get(key)
-            if old and old not in (record.get("weights"), record.get("train_state")):
-                (run_dir / old).unlink(missing_ok=True)
+    _remove_superseded(run_dir, {record["weights"], record.get("train_state")})
     return json_path
+
+
+def _remove_superseded(run_dir: Path, keep: set) -> None:
+    """The new JSON is in place: remove the other steps' files and leftover temporary files.
+
+    Only names of the patterns a run writes are removed, never a name read from a record."""
+    for entry in os.scandir(run_dir):
+        name = entry.name
+        ours = any(p.fullmatch(name) for p in _FILE_NAMES.values()) or _TEMPORARY.fullmatch(name)
+        if ours and name not in keep and entry.is_file(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
@@ -232,6 +249,9 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
+    except RecursionError:
+        raise CheckpointError(f"{path}: not a readable checkpoint JSON file (nested too deeply)"
+                              ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not a readable checkpoint JSON file ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -244,16 +264,39 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _load_tensors(path: Path, sha256: str | None) -> dict:
-    if not path.exists():
-        raise CheckpointError(f"{path}: file is missing")
-    if sha256 is not None and _sha256(path) != sha256:
+def _file_name(json_path: Path, rec: dict, key: str) -> tuple[Path, str]:
+    """The path and SHA-256 of the file that record ``rec`` names under ``key``, checked: a
+    plain name of the expected pattern (inside the run directory) and a hex SHA-256."""
+    name, sha256 = rec.get(key), rec.get(f"{key}_sha256")
+    pattern = _FILE_NAMES[key]
+    if not isinstance(name, str) or not pattern.fullmatch(name):
+        raise CheckpointError(f"{json_path}: invalid checkpoint record ({key} must be a file "
+                              f"name like {pattern.pattern.replace(chr(92), '')} in the run "
+                              f"directory, got {str(name)[:80]!r})")
+    if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise CheckpointError(f"{json_path}: invalid checkpoint record ({key}_sha256 must be "
+                              f"the SHA-256 of {name} in hex, got {str(sha256)[:80]!r})")
+    return json_path.parent / name, sha256
+
+
+def _load_tensors(path: Path, sha256: str) -> dict:
+    try:  # O_NONBLOCK: a FIFO opens at once (and is then refused) instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: file is missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        data = f.read()  # hashed and parsed from the same bytes
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(
             f"{path}: file is corrupt or was modified (SHA-256 differs from the one recorded in "
             f"{CHECKPOINT_JSON})"
         )
     try:
-        return st_load(path.read_bytes())
+        return st_load(data)
     except Exception as e:  # safetensors raises its own error type for malformed files
         raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
 
@@ -297,10 +340,12 @@ class Checkpoint:
         rec = self._record
         if "train_state" not in rec:
             raise CheckpointError(f"{self.path}: holds weights only, no training state to resume")
-        tensors = _load_tensors(self.path.parent / rec["train_state"], rec["train_state_sha256"])
+        tensors = _load_tensors(*_file_name(self.path, rec, "train_state"))
+        if "rng.torch" not in tensors:
+            raise CheckpointError(f"{self.path}: the training state has no RNG state")
         try:
             optimizer.load_state_dict(_optimizer_join(tensors, rec["optimizer"]))
-        except (ValueError, KeyError, RuntimeError) as e:
+        except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as e:
             raise CheckpointError(
                 f"{self.path}: optimizer state does not fit this configuration ({e})"
             ) from None
@@ -318,14 +363,38 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
     json_path = find_checkpoint(path)
     rec = _read_json(json_path)
     try:
-        config = TrainConfig.from_dict(rec["config"], source=str(json_path))
-        weights_name, weights_sha = rec["weights"], rec["weights_sha256"]
-    except (KeyError, TypeError, ConfigError) as e:
+        if not isinstance(rec.get("config"), dict):
+            raise ConfigError("config must be an object")
+        config = TrainConfig.from_dict(rec["config"], source="config")
+        _check_record(rec)
+    except ConfigError as e:
         raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None
-    state = _load_tensors(json_path.parent / weights_name, weights_sha)
+    state = _load_tensors(*_file_name(json_path, rec, "weights"))
     return Checkpoint(
-        path=json_path, config=config, step=int(rec.get("step", 0)),
-        sequences=int(rec.get("sequences", 0)), elapsed_s=float(rec.get("elapsed_s", 0.0)),
+        path=json_path, config=config, step=rec.get("step", 0),
+        sequences=rec.get("sequences", 0), elapsed_s=float(rec.get("elapsed_s", 0.0)),
         metrics=rec.get("metrics", {}), extra=rec.get("extra", {}), state_dict=state,
         _record=rec,
     )
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_record(rec: dict) -> None:
+    """Raise `ConfigError` if a counter, the metrics or the extras have the wrong type."""
+    for key in ("step", "sequences"):
+        value = rec.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{key} must be an integer >= 0, got {str(value)[:80]!r}")
+    elapsed = rec.get("elapsed_s", 0.0)
+    if not _number(elapsed) or not elapsed >= 0:
+        raise ConfigError(f"elapsed_s must be a number >= 0, got {str(elapsed)[:80]!r}")
+    metrics = rec.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(map(_number, metrics.values())):
+        raise ConfigError(f"metrics must be an object of numbers, got {str(metrics)[:80]}")
+    extra = rec.get("extra", {})
+    if not isinstance(extra, dict) or not all(
+            isinstance(v, (int, float, bool)) for v in extra.values()):
+        raise ConfigError(f"extra must be an object of numbers, got {str(extra)[:80]}")
