@@ -181,3 +181,186 @@ def test_a_save_removes_superseded_and_temporary_files_only(run):
     assert not list(run.glob("train-state-*"))  # a weights-only save supersedes the state too
     assert hashlib.sha256((run / "weights-00000007.safetensors").read_bytes()).hexdigest() == \
         json.loads((run / "checkpoint.json").read_text())["weights_sha256"]
+
+
+# -- --out: nothing overwritten unless asked ---------------------------------------------------
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def train_argv(out, *extra):
+    return ["train", "copy", "--out", str(out), "--no-plots", "--no-progress", *TINY_SET, *extra]
+
+
+def test_out_refuses_a_folder_of_the_users_own_files(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    (folder / "figures").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "metrics.csv").write_text("a,b\n1,2\n")
+    before = snapshot(folder)
+    err = one_line_error(capsys, train_argv(folder))
+    assert "is not empty (holds config.json, figures, metrics.csv)" in err and "--overwrite" in err
+    assert snapshot(folder) == before and not (folder / ".lock").exists()
+
+
+def test_out_refuses_an_existing_run_without_resume_or_overwrite(run, capsys):
+    before = snapshot(run)
+    err = one_line_error(capsys, train_argv(run))
+    assert f"--out {run}: already holds a run; continue it with --resume {run}" in err
+    assert snapshot(run) == before
+
+
+def test_a_start_that_fails_on_a_bad_config_leaves_the_old_run_alone(run, capsys):
+    before = snapshot(run)
+    one_line_error(capsys, train_argv(run, "--set", "batch_size=0", "--overwrite"))
+    one_line_error(capsys, train_argv(run, "--set", "shift_range=100", "--overwrite"))
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_the_runs_files_and_keeps_the_others(run, capsys):
+    (run / "notes.txt").write_text("mine")
+    old_weights = {p.name for p in run.glob("weights-*")}
+    assert main(train_argv(run, "--overwrite", "--set", "max_sequences=2")) == 0
+    assert (run / "notes.txt").read_text() == "mine"
+    assert load_checkpoint(run).sequences == 2
+    assert not old_weights & {p.name for p in run.glob("weights-*")}
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert all(r.split(",")[1] in ("sequences", "2") for r in rows)  # no row of the old run
+
+
+@pytest.mark.parametrize("out", ["", "  ", "."])
+def test_out_refuses_the_empty_name_and_the_current_directory(tmp_path, monkeypatch, capsys,
+                                                               out):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(capsys, train_argv(out))
+    one_line_error(capsys, train_argv(out, "--overwrite"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert "exists and is not a directory" in one_line_error(capsys, train_argv(tmp_path / "file"))
+    err = one_line_error(capsys, train_argv("/proc/no-such-dir/run"))
+    assert "cannot write the run directory" in err
+
+
+@pytest.mark.parametrize("flag", [["--seed", "3"], ["--preset", "ntm-ff"], ["--overwrite"],
+                                  ["--out", "elsewhere"]])
+def test_resume_refuses_options_it_would_ignore(run, capsys, flag):
+    before = snapshot(run)
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *flag])
+    assert f"{flag[0]} cannot be given with --resume" in err
+    assert snapshot(run) == before
+
+
+# -- One writer per run directory -------------------------------------------------------------
+
+def test_a_second_writer_gets_one_line_and_changes_nothing(run, tmp_path, capsys):
+    import fcntl
+
+    with open(run / ".lock", "a") as held:  # another process's lock (its own open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = snapshot(run)
+        for argv in (["train", "copy", "--resume", str(run), "--set", "max_sequences=8",
+                      "--no-plots", "--no-progress"], train_argv(run, "--overwrite")):
+            err = one_line_error(capsys, argv)
+            assert "another process is training into this run directory" in err
+        assert snapshot(run) == before
+        with pytest.raises(CheckpointError, match="another process is training"):
+            train(tiny_config(), run, resume=True, progress=False)
+    assert main(["train", "copy", "--resume", str(run), "--set", "max_sequences=8",
+                 "--no-plots", "--no-progress"]) == 0  # released: the run continues
+
+
+def test_two_trainings_into_one_directory_at_once(tmp_path):
+    """Two real processes: exactly one trains, the other is refused with one line."""
+    out = tmp_path / "run"
+    argv = ["train", "copy", "--out", str(out), "--overwrite", "--no-plots", "--no-progress",
+            *TINY_SET, "--set", "max_sequences=40"]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "torch_ntm", *argv], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stderr.close()
+    codes = sorted(code for code, _ in results)
+    if codes == [0, 0]:  # the first had finished before the second started: nothing to test
+        pytest.skip("the trainings did not overlap")
+    assert codes == [0, 2], results
+    err = next(e for code, e in results if code == 2)
+    assert "another process is training" in err and len(err.strip().splitlines()) == 1
+    assert load_checkpoint(out).sequences == 40
+    assert len(list(out.glob("weights-*"))) == 1
+
+
+# -- Every value checked when it is parsed, before anything is written ------------------------
+
+BAD_SETS = ["batch_size=0", "batch_size=-4", "eval_every=0", "log_every=0", "eval_sequences=0",
+            "threads=0", "lr=nan", "lr=-1", "lr=inf", "lr=0", "momentum=-1", "momentum=1",
+            "rmsprop_alpha=2", "clip_norm=nan", "clip_value=-1", "lr_decay=nan", "lr_decay=0",
+            "lr_decay=2", "max_seconds=nan", "max_seconds=-1", "seed=-1",
+            "seed=100000000000000000000000", "memory_size=1000000000", "memory_size=0",
+            "stop_bit_errors=nan", "max_sequences=0", "patience_evals=0", "batch_size=1e3",
+            "seed=1e23"]
+
+
+@pytest.mark.parametrize("item", BAD_SETS)
+def test_a_bad_set_value_is_one_line_and_writes_nothing(tmp_path, capsys, item):
+    out = tmp_path / "run"
+    err = one_line_error(capsys, train_argv(out, "--set", item))
+    key = item.partition("=")[0]
+    assert key in err
+    assert not out.exists()
+
+
+def test_bad_values_from_python_are_refused_before_anything_is_written(tmp_path):
+    import dataclasses
+
+    from torch_ntm.config import ConfigError
+
+    for change in ({"batch_size": 0}, {"lr": float("nan")}, {"momentum": 1.0}):
+        config = dataclasses.replace(tiny_config(), **change)
+        with pytest.raises(ConfigError, match="out of range"):
+            train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_preset_empty_and_seed_out_of_range_are_one_line(tmp_path, capsys):
+    assert "unknown preset ''" in one_line_error(capsys, train_argv(tmp_path / "a", "--preset",
+                                                                    ""))
+    assert "seed" in one_line_error(capsys, train_argv(tmp_path / "b", "--seed", "-2"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_other_commands_check_their_values(run, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["evaluate", str(run), "--sequences", "0"], "--sequences must be >= 1"),
+        (["evaluate", str(run), "--memory-size", "1000000000"], "memory_size=1000000000"),
+        (["plot", str(run), "--length", "-3"], "--length must be >= 1"),
+        (["plot", str(run), "--out", str(tmp_path / "file")], "exists and is not a directory"),
+        (["pretrained", "export", str(run), "x", "--dest", str(tmp_path / "file")],
+         "exists and is not a directory"),
+        (["curves", str(run), "--out", str(tmp_path)], "is a directory"),
+    ]
+    for argv, message in cases:
+        assert message in one_line_error(capsys, argv), argv
+    assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage\n", b" \n", b"step,sequences,elapsed_s,"
+                                     b"split,cost_bits,bit_errors,perfect\n,,,,,,\n",
+                                     b"step,sequences,elapsed_s,split\nabc,1,2,val\n"])
+def test_an_unreadable_metrics_file_is_one_line(run, capsys, content):
+    (run / "metrics.csv").write_bytes(content)
+    before = snapshot(run)
+    err = one_line_error(capsys, ["curves", str(run), "--out", str(run.parent / "c.png")])
+    assert "metrics.csv" in err
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
+                                  "--no-progress", "--set", "max_sequences=8"])
+    assert "metrics.csv" in err
+    assert snapshot(run) == before

@@ -20,7 +20,10 @@ must be a regular file.
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
@@ -36,7 +39,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
-from torch_ntm.config import ConfigError, TrainConfig
+from torch_ntm.config import ConfigError, TrainConfig, check_memory_size
 from torch_ntm.model import NTM
 from torch_ntm.tasks import make_task
 
@@ -49,11 +52,15 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "find_checkpoint",
+    "lock_run",
+    "clear_run",
+    "read_metrics",
 ]
 
 FORMAT = "torch-ntm-checkpoint"
 VERSION = 1
 CHECKPOINT_JSON = "checkpoint.json"
+LOCK = ".lock"  # held (flock) by the one process that writes the run
 # The only names a record may give for its files: plain names in the run directory.
 _FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
                "train_state": re.compile(r"train-state-[0-9]+\.safetensors")}
@@ -109,6 +116,9 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
                 raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
             return LSTMBaseline(**kwargs, device=device)
         kwargs.setdefault("engine", config.engine)
+        if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
+            check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
+                              source="the model")
         return NTM(**kwargs, device=device)
     except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
         if isinstance(e, ConfigError):
@@ -233,6 +243,86 @@ def _remove_superseded(run_dir: Path, keep: set) -> None:
         ours = any(p.fullmatch(name) for p in _FILE_NAMES.values()) or _TEMPORARY.fullmatch(name)
         if ours and name not in keep and entry.is_file(follow_symlinks=False):
             Path(entry.path).unlink(missing_ok=True)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The rows of a ``metrics.csv`` as dicts of strings ([] if the file does not exist).
+
+    Raises:
+        CheckpointError: the file is not UTF-8 text with a header naming ``step`` and ``split``,
+            or a row's ``step`` is not an integer.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
+    if reader.fieldnames is None:
+        return []  # empty: not a row written yet
+    if not {"step", "split"} <= set(reader.fieldnames):
+        raise CheckpointError(f"{path}: not a metrics file (no step and split columns)")
+    for number, row in enumerate(rows, 2):
+        if not (row["step"] or "").isdigit():
+            raise CheckpointError(f"{path}: row {number} has step {row['step']!r}, not an "
+                                  f"integer")
+    return rows
+
+
+_HELD: dict[Path, int] = {}  # run directories this process has locked -> nesting depth
+
+
+@contextlib.contextmanager
+def lock_run(run_dir: str | os.PathLike):
+    """Hold ``RUN/.lock`` (an exclusive `fcntl.flock`) while the block runs, creating ``RUN``.
+
+    One process writes a run: a second one gets a `CheckpointError` at once. Re-entrant within a
+    process (the command line locks before `torch_ntm.train.train` locks again). The lock goes
+    with the process, so a killed training leaves nothing to clean up.
+    """
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        key = run_dir.resolve()
+        if key in _HELD:
+            _HELD[key] += 1
+            fd = None
+        else:
+            fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise CheckpointError(f"{run_dir}: cannot write the run directory ({e.strerror})") from None
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(f"{run_dir}: another process is training into this run "
+                                  f"directory (it holds {run_dir / LOCK}); wait for it to end or "
+                                  f"choose another directory") from None
+        _HELD[key] = 1
+    try:
+        yield run_dir
+    finally:
+        _HELD[key] -= 1
+        if fd is not None:  # the outermost holder
+            del _HELD[key]
+            os.close(fd)
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events) from
+    ``run_dir``, and nothing else; for ``ntm train --overwrite``."""
+    run_dir = Path(run_dir)
+    (run_dir / CHECKPOINT_JSON).unlink(missing_ok=True)  # first: no record names missing files
+    _remove_superseded(run_dir, keep=set())
+    for name in ("config.json", "metrics.csv"):
+        (run_dir / name).unlink(missing_ok=True)
+    if (run_dir / "tb").is_dir():
+        for event in (run_dir / "tb").glob("events.out.tfevents.*"):
+            event.unlink(missing_ok=True)
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:

@@ -96,7 +96,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
 
     def command(seed: int, run_dir: Path) -> list[str]:
         argv = [sys.executable, "-m", "torch_ntm", "train", task, "--seed", str(seed),
-                "--out", str(run_dir), "--no-plots", "--no-progress"]
+                "--out", str(run_dir), "--no-plots", "--no-progress",
+                "--overwrite"]  # the folder holds the sweep's train.log
         if preset is not None:
             argv += ["--preset", preset]
         sets = ["threads=1", *overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"]

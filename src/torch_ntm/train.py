@@ -10,8 +10,10 @@ N/2 steps, a resume, and N/2 more, bit for bit on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import csv
+import io
 import math
 import os
 import time
@@ -25,7 +27,10 @@ from torch_ntm.checkpoint import (
     CheckpointError,
     build_model,
     build_task,
+    _atomic_write,
     load_checkpoint,
+    lock_run,
+    read_metrics,
     save_checkpoint,
 )
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
@@ -125,13 +130,13 @@ class _MetricsLog:
     def __init__(self, run_dir: Path, resume_step: int | None):
         self.path = run_dir / "metrics.csv"
         rows = []
-        if resume_step is not None and self.path.exists():
-            with open(self.path, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-        with open(self.path, "w", newline="") as f:
-            writer = csv.DictWriter(f, CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
+        if resume_step is not None:
+            rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_step]
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        _atomic_write(self.path, text.getvalue().encode())  # a kill keeps the old rows
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -200,9 +205,16 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
 
     Stops when validation bit errors per sequence stay <= ``config.stop_bit_errors`` for
     ``config.patience_evals`` validations, or when ``max_sequences``/``max_seconds`` is spent.
-    Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory.
+    Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory,
+    holding its lock (`torch_ntm.checkpoint.lock_run`): a second training into it is refused.
     """
-    run_dir = Path(run_dir)
+    config.check()  # a config built in Python: the checks the command line's parser makes
+    main = int(os.environ.get("RANK", "0")) == 0
+    with lock_run(run_dir) if main else contextlib.nullcontext():
+        return _train(config, Path(run_dir), resume=resume, progress=progress)
+
+
+def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None):
     torch.set_num_threads(config.threads)
     world = _World(resolve_device(config.device))
     device = world.device
@@ -233,8 +245,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
                 group["lr"] = config.lr
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        log_file = _MetricsLog(run_dir, step if resume else None)  # first: it checks the old
         (run_dir / "config.json").write_text(config.to_json() + "\n")
-        log_file = _MetricsLog(run_dir, step if resume else None)
     train_model = world.wrap(model)
     # Every rank validates the whole (small) set, so all reach the same stopping decision.
     val_batches = validation_batches(config, task)
