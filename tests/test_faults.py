@@ -364,3 +364,70 @@ def test_an_unreadable_metrics_file_is_one_line(run, capsys, content):
                                   "--no-progress", "--set", "max_sequences=8"])
     assert "metrics.csv" in err
     assert snapshot(run) == before
+
+
+# -- Signals: a checkpoint at the current step, then one line ---------------------------------
+
+def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(tmp_path, monkeypatch):
+    import signal
+
+    import torch
+
+    import torch_ntm.train as train_module
+    from torch_ntm.train import Interrupted
+
+    config = tiny_config("max_sequences=16", "eval_every=5", "log_every=1")
+    full = train(config, tmp_path / "full", progress=False)
+    calls = []
+    real_loss = train_module.masked_bce
+
+    def loss_then_signal(*args, **kwargs):  # the signal comes in the middle of step 3
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "masked_bce", loss_then_signal)
+    with pytest.raises(Interrupted) as stopped:
+        train(config, tmp_path / "split", progress=False)
+    assert (stopped.value.step, stopped.value.signum) == (3, signal.SIGTERM)
+    assert load_checkpoint(tmp_path / "split").step == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers put back
+    monkeypatch.setattr(train_module, "masked_bce", real_loss)
+    resumed = train(config, tmp_path / "split", resume=True, progress=False)
+    assert resumed.step == full.step == 8
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "split")
+    for key, value in a.state_dict.items():
+        assert torch.equal(value, b.state_dict[key]), key
+    assert a.metrics == b.metrics
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, signame):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    argv = [*train_argv(out, "--set", "max_sequences=1000000", "--set", "eval_every=100000",
+                        "--set", "log_every=1")]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch_ntm", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until it is training: a few rows in metrics.csv
+        csv = out / "metrics.csv"
+        if csv.exists() and len(csv.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(getattr(signal, signame))
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + getattr(signal, signame)
+    line = err.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("ntm: interrupted at step "), err
+    step = int(line[0].split("at step ")[1].split(";")[0])
+    assert line[0].endswith(f"checkpoint saved, resume with --resume {out}")
+    assert load_checkpoint(out).step == step > 0
+    done = ntm("train", "copy", "--resume", str(out), "--no-plots", "--no-progress",
+               "--set", f"max_sequences={2 * (step + 2)}")
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(out).step == step + 2

@@ -367,6 +367,7 @@ _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
 def main(argv: list[str] | None = None) -> int:
     from torch_ntm.checkpoint import CheckpointError
     from torch_ntm.config import ConfigError
+    from torch_ntm.train import Interrupted
 
     args = _parser().parse_args(argv)
     try:
@@ -377,6 +378,10 @@ def main(argv: list[str] | None = None) -> int:
     except OSError as e:  # the machine's, not the user's: a full disk, a file size limit
         print(f"ntm: error: {e}", file=sys.stderr)
         return 1
+    except Interrupted as e:
+        print(f"ntm: interrupted at step {e.step}; checkpoint saved, resume with --resume "
+              f"{e.run_dir}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("ntm: interrupted", file=sys.stderr)
         return 130

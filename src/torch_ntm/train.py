@@ -16,6 +16,8 @@ import csv
 import io
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,7 +39,7 @@ from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
 
-__all__ = ["train", "TrainResult", "make_optimizer", "validation_batches"]
+__all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches"]
 
 CSV_FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
 
@@ -51,6 +53,35 @@ class TrainResult:
     elapsed_s: float
     metrics: dict  # last validation (after a rollback: the restored best's)
     nan_steps: int
+
+
+class Interrupted(KeyboardInterrupt):
+    """`train` was stopped by SIGINT or SIGTERM and saved a checkpoint at ``step`` first."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path):
+        super().__init__(f"interrupted by signal {signum} at step {step}")
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+
+
+class _StopSignals:
+    """While installed, SIGINT and SIGTERM only ask the loop to stop (``signum``), so that it
+    stops between steps with a checkpoint; a second signal stops at once (KeyboardInterrupt)."""
+
+    def __init__(self, enabled: bool):
+        self.signum = None
+        self.previous = {}
+        if enabled and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -274,12 +305,15 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                 log_file.write(step, sequences, elapsed, "rollback", last_val)
         elif tracking and (best is None or best.beaten_by(last_val)):
             best = _Best(model, optimizer, last_val)
+        save()
+        return last_val
+
+    def save() -> None:
         if world.main:
             save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
                             sequences=sequences, elapsed_s=elapsed, metrics=last_val,
                             extra={"nan_steps": nan_steps, "streak": streak,
                                    "lr_decayed": lr_decayed, "rollbacks": rollbacks})
-        return last_val
 
     bar = _progress(config.max_sequences, sequences, progress if world.main else False)
     converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
@@ -287,8 +321,15 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
     run_cost = run_err = run_n = 0.0
     start = time.perf_counter() - elapsed
     model.train()
+    # Under torchrun the ranks could see a signal at different steps: there it stops at once.
+    stop = _StopSignals(enabled=world.size == 1)
     try:
         while not converged and sequences < config.max_sequences:
+            if stop.signum is not None:  # between two steps: the state is consistent
+                elapsed = time.perf_counter() - start
+                if val_step != step:
+                    save()
+                raise Interrupted(stop.signum, step, run_dir)
             if config.max_seconds and time.perf_counter() - start >= config.max_seconds:
                 break
             batch = task.sample(config.batch_size, data_gen)
@@ -328,6 +369,7 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
             validate()
             converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
     finally:
+        stop.restore()
         bar.close()
         if world.main:
             log_file.close()
