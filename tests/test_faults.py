@@ -431,3 +431,52 @@ def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, 
                "--set", f"max_sequences={2 * (step + 2)}")
     assert done.returncode == 0, done.stderr
     assert load_checkpoint(out).step == step + 2
+
+
+# -- Python API: the wrong dtype or state is a clear ValueError --------------------------------
+
+@pytest.mark.parametrize("engine", ["fast", "eager", "compiled"])
+@pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16", "float64"])
+def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
+    import torch
+
+    from torch_ntm import NTM
+
+    ntm = NTM(5, 4, controller_size=8, memory_size=8, memory_width=4, engine=engine)
+    x = torch.zeros(3, 2, 5, dtype=getattr(torch, dtype))
+    with pytest.raises(ValueError, match=f"expects input of dtype torch.float32 .*got torch.{dtype}"):
+        ntm(x)  # the compiled engine would compile first: the check comes before any engine
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16"])
+def test_cell_input_of_another_dtype_names_expected_and_actual(dtype):
+    import torch
+
+    from torch_ntm.model import NTMCell
+
+    cell = NTMCell(5, 4, controller_size=8, memory_size=8, memory_width=4)
+    with pytest.raises(ValueError, match=f"NTMCell expects input of dtype torch.float32"):
+        cell(torch.zeros(2, 5, dtype=getattr(torch, dtype)))
+
+
+@pytest.mark.parametrize("engine", ["fast", "eager"])
+def test_a_state_from_another_controller_names_the_expected_shape(engine):
+    import torch
+
+    from torch_ntm import NTM
+
+    sizes = dict(memory_size=8, memory_width=4)
+    lstm = NTM(5, 4, controller_size=8, controller_layers=2, engine=engine, **sizes)
+    ff = NTM(5, 4, controller="feedforward", controller_size=8, engine=engine, **sizes)
+    wider = NTM(5, 4, controller_size=12, controller_layers=2, engine=engine, **sizes)
+    x = torch.zeros(3, 2, 5)
+    with pytest.raises(ValueError, match=r"state.controller must be \(h, c\), each of shape "
+                                         r"\[2, 2, 8\].*got \(\)"):
+        lstm(x, ff.initial_state(2))
+    with pytest.raises(ValueError, match=r"each of shape \[2, 2, 8\].*got \(a tensor of shape "
+                                         r"\[2, 2, 12\]"):
+        lstm(x, wider.initial_state(2))
+    with pytest.raises(ValueError, match=r"state.controller must be \(\) for a feed-forward"):
+        ff(x, lstm.initial_state(2))
+    _, state = lstm(x)  # a state the model itself returned still fits
+    lstm(x, state)
