@@ -327,10 +327,16 @@ def _cmd_pretrained(args) -> int:
 def _cmd_sweep(args) -> int:
     from torch_ntm.sweep import DEFAULT_SEQUENCES, format_report, run_sweep
 
-    report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
-                       overrides=args.overrides,
-                       sequences=DEFAULT_SEQUENCES if args.sequences is None else args.sequences,
-                       out=args.out, first_seed=args.first_seed)
+    try:
+        report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
+                           overrides=args.overrides, out=args.out, first_seed=args.first_seed,
+                           sequences=DEFAULT_SEQUENCES if args.sequences is None
+                           else args.sequences)
+    except (KeyboardInterrupt, SystemExit) as e:
+        out = args.out or Path("runs") / f"sweep-{args.task}"
+        print(f"ntm: sweep interrupted; {out / 'report.md'} reports the seeds that finished; "
+              f"run the same command to continue", file=sys.stderr)
+        return e.code if isinstance(e, SystemExit) else 130
     print(format_report(report, report["title"]))
     failed = sorted(int(s) for s, code in report["exit_codes"].items() if code != 0)
     if failed:
