@@ -444,7 +444,8 @@ def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
 
     ntm = NTM(5, 4, controller_size=8, memory_size=8, memory_width=4, engine=engine)
     x = torch.zeros(3, 2, 5, dtype=getattr(torch, dtype))
-    with pytest.raises(ValueError, match=f"expects input of dtype torch.float32 .*got torch.{dtype}"):
+    expected = f"expects input of dtype torch.float32 .*got torch.{dtype}"
+    with pytest.raises(ValueError, match=expected):
         ntm(x)  # the compiled engine would compile first: the check comes before any engine
 
 
@@ -455,7 +456,7 @@ def test_cell_input_of_another_dtype_names_expected_and_actual(dtype):
     from torch_ntm.model import NTMCell
 
     cell = NTMCell(5, 4, controller_size=8, memory_size=8, memory_width=4)
-    with pytest.raises(ValueError, match=f"NTMCell expects input of dtype torch.float32"):
+    with pytest.raises(ValueError, match="NTMCell expects input of dtype torch.float32"):
         cell(torch.zeros(2, 5, dtype=getattr(torch, dtype)))
 
 
@@ -480,3 +481,22 @@ def test_a_state_from_another_controller_names_the_expected_shape(engine):
         ff(x, lstm.initial_state(2))
     _, state = lstm(x)  # a state the model itself returned still fits
     lstm(x, state)
+
+
+def test_a_reader_racing_a_save_gets_the_new_checkpoint(run, monkeypatch):
+    """A training saves (and removes the old weights) between a reader's reading the record and
+    its weights: the reader follows the new record instead of reporting a missing file."""
+    import torch_ntm.checkpoint as module
+
+    ckpt = load_checkpoint(run)
+    real = module._load_tensors
+    raced = []
+
+    def save_first(path, sha256):
+        if not raced:
+            raced.append(path)
+            save_checkpoint(run, ckpt.config, ckpt.model(), step=9)
+        return real(path, sha256)
+
+    monkeypatch.setattr(module, "_load_tensors", save_first)
+    assert load_checkpoint(run).step == 9 and not raced[0].exists()

@@ -354,6 +354,10 @@ def _read_json(path: Path) -> dict:
     return data
 
 
+class _Missing(CheckpointError):
+    """A file that a record names is not there."""
+
+
 def _file_name(json_path: Path, rec: dict, key: str) -> tuple[Path, str]:
     """The path and SHA-256 of the file that record ``rec`` names under ``key``, checked: a
     plain name of the expected pattern (inside the run directory) and a hex SHA-256."""
@@ -373,7 +377,7 @@ def _load_tensors(path: Path, sha256: str) -> dict:
     try:  # O_NONBLOCK: a FIFO opens at once (and is then refused) instead of waiting for a writer
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
     except FileNotFoundError:
-        raise CheckpointError(f"{path}: file is missing") from None
+        raise _Missing(f"{path}: file is missing") from None
     except OSError as e:
         raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
     with os.fdopen(fd, "rb") as f:
@@ -451,15 +455,23 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         CheckpointError: missing, corrupt or foreign files, or an invalid configuration.
     """
     json_path = find_checkpoint(path)
-    rec = _read_json(json_path)
-    try:
-        if not isinstance(rec.get("config"), dict):
-            raise ConfigError("config must be an object")
-        config = TrainConfig.from_dict(rec["config"], source="config")
-        _check_record(rec)
-    except ConfigError as e:
-        raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None
-    state = _load_tensors(*_file_name(json_path, rec, "weights"))
+    for attempt in range(3):
+        rec = _read_json(json_path)
+        try:
+            if not isinstance(rec.get("config"), dict):
+                raise ConfigError("config must be an object")
+            config = TrainConfig.from_dict(rec["config"], source="config")
+            _check_record(rec)
+        except ConfigError as e:
+            raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None
+        try:
+            state = _load_tensors(*_file_name(json_path, rec, "weights"))
+            break
+        except _Missing:
+            # A training saved a newer checkpoint between our reading the record and its file,
+            # and removed that file: the new record names the new one.
+            if attempt == 2 or _read_json(json_path).get("weights") == rec["weights"]:
+                raise
     return Checkpoint(
         path=json_path, config=config, step=rec.get("step", 0),
         sequences=rec.get("sequences", 0), elapsed_s=float(rec.get("elapsed_s", 0.0)),
