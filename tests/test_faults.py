@@ -500,3 +500,17 @@ def test_a_reader_racing_a_save_gets_the_new_checkpoint(run, monkeypatch):
 
     monkeypatch.setattr(module, "_load_tensors", save_first)
     assert load_checkpoint(run).step == 9 and not raced[0].exists()
+
+
+def test_a_failure_while_rewriting_metrics_at_resume_keeps_the_old_rows(run, monkeypatch):
+    import csv
+
+    before = (run / "metrics.csv").read_bytes()
+
+    def fail(self, rows):
+        raise OSError("killed while writing metrics.csv")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", fail)
+    with pytest.raises(OSError, match="killed while writing"):
+        train(tiny_config("max_sequences=8"), run, resume=True, progress=False)
+    assert (run / "metrics.csv").read_bytes() == before
