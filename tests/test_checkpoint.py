@@ -89,12 +89,14 @@ def test_corrupt_weights_give_a_clear_error_naming_the_file(run_dir):
         load_checkpoint(run_dir)
 
 
-def test_truncated_weights_without_hash_are_reported_as_invalid_safetensors(run_dir):
+def test_truncated_weights_with_a_matching_hash_are_reported_as_invalid_safetensors(run_dir):
+    import hashlib
+
     record = json.loads((run_dir / "checkpoint.json").read_text())
-    record["weights_sha256"] = None
-    (run_dir / "checkpoint.json").write_text(json.dumps(record))
     weights = run_dir / record["weights"]
     weights.write_bytes(weights.read_bytes()[:40])
+    record["weights_sha256"] = hashlib.sha256(weights.read_bytes()).hexdigest()
+    (run_dir / "checkpoint.json").write_text(json.dumps(record))
     with pytest.raises(CheckpointError, match="not a valid safetensors file"):
         load_checkpoint(run_dir)
 

@@ -160,9 +160,37 @@ def test_a_tiny_sweep_through_the_cli(tmp_path, capsys):
     table = [line for line in (out / "report.md").read_text().splitlines()
              if line.startswith("| ") and line[2].isdigit()]
     assert len(table) == 2
-    # The same seeds again would overwrite the runs: refused.
+    # The same seeds with other settings would overwrite the runs: refused.
     assert main(["sweep", "copy", "--seeds", "1", "--first-seed", "5", "--out", str(out)]) == 2
-    assert "seed-5 already holds a run" in capsys.readouterr().err
+    assert "seed-5 already holds a run with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_sweep_run_again_reuses_complete_seeds_and_resumes_the_others(tmp_path, capsys,
+                                                                        monkeypatch):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "copy", "--seeds", "2", "--jobs", "2", "--out", str(out), *TINY]
+    assert main([*argv, "--sequences", "32"]) == 0
+    # A longer budget: both seeds are incomplete now and continue from their checkpoints.
+    assert main([*argv, "--sequences", "80"]) == 0
+    report = json.loads((out / "report.json").read_text())
+    assert report["exit_codes"] == {"0": 0, "1": 0} and report["reused"] == []
+    for seed in (0, 1):
+        log = (out / f"seed-{seed}" / "train.log").read_text()
+        assert "stopped (budget) after 32 sequences" in log  # the first part is kept
+        assert "stopped (budget) after 80 sequences" in log
+        rows = (out / f"seed-{seed}" / "metrics.csv").read_text().splitlines()
+        assert [r.split(",")[0] for r in rows if ",val," in r] == ["2", "5"]
+    capsys.readouterr()
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a training process was started")
+
+    monkeypatch.setattr("torch_ntm.sweep.subprocess.Popen", no_training)
+    assert main([*argv, "--sequences", "80"]) == 0  # all complete: nothing to train
+    again = json.loads((out / "report.json").read_text())
+    assert again["reused"] == [0, 1] and again["exit_codes"] == {}
+    assert again["seeds"] == report["seeds"]
 
 
 @pytest.mark.parametrize("argv, message", [
@@ -223,3 +251,38 @@ def test_sigterm_stops_the_children_and_restores_the_handler(tmp_path, monkeypat
         signal.signal(signal.SIGTERM, before)
     assert stopped.value.code == 128 + signal.SIGTERM
     assert len(Child.started) == 2 and Child.terminated == Child.started
+
+
+def test_a_stopped_sweep_reports_the_seeds_that_finished(tmp_path, monkeypatch, capsys):
+    import os
+    import signal
+
+    class Child:  # the first training finishes, the second's poll delivers SIGTERM
+        started = []
+
+        def __init__(self, argv, **kwargs):
+            self.seed = int(argv[argv.index("--seed") + 1])
+            Child.started.append(self)
+
+        def poll(self):
+            if self.seed == 0:
+                self.returncode = 0
+                return 0
+            os.kill(os.getpid(), signal.SIGTERM)
+
+        def terminate(self):
+            pass
+
+        def wait(self):
+            return -15
+
+    monkeypatch.setattr("torch_ntm.sweep.subprocess.Popen", Child)
+    monkeypatch.setattr("torch_ntm.sweep.time.sleep", lambda s: None)
+    out = tmp_path / "sweep"
+    assert main(["sweep", "copy", "--seeds", "3", "--jobs", "2", "--out", str(out)]) == 143
+    err = capsys.readouterr().err
+    assert err.strip() == (f"ntm: sweep interrupted; {out / 'report.md'} reports the seeds that "
+                           f"finished; run the same command to continue")
+    report = json.loads((out / "report.json").read_text())
+    assert report["exit_codes"] == {"0": 0} and report["num_seeds"] == 3
+    assert (out / "report.md").exists()

@@ -8,17 +8,27 @@ A run directory holds::
     train-state-<step>.safetensors    optimizer tensors and RNG states (for an exact resume)
 
 Every file is written to a temporary name, flushed to disk and renamed into place; the JSON is
-renamed last and only then are the previous step's files removed. A crash at any moment therefore
-leaves a `checkpoint.json` that names complete files, and a modified or truncated file is caught by
-its hash before it is parsed.
+renamed last and only then are superseded files removed (other steps' weights and training state,
+and temporary files a crashed save left). A crash at any moment therefore leaves a
+`checkpoint.json` that names complete files, and a modified or truncated file is caught by its
+hash before it is parsed.
+
+A record is not trusted: the file names it gives must be plain names of the two patterns above
+(nothing outside the run directory is read or removed), each with its SHA-256, and a named file
+must be a regular file.
 """
 
 from __future__ import annotations
 
+import contextlib
+import csv
 import dataclasses
+import fcntl
 import hashlib
 import json
 import os
+import re
+import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -29,7 +39,7 @@ from safetensors.torch import save as st_save
 from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
-from torch_ntm.config import ConfigError, TrainConfig
+from torch_ntm.config import ConfigError, TrainConfig, check_memory_size
 from torch_ntm.model import NTM
 from torch_ntm.tasks import make_task
 
@@ -42,6 +52,9 @@ __all__ = [
     "save_checkpoint",
     "load_checkpoint",
     "find_checkpoint",
+    "lock_run",
+    "clear_run",
+    "read_metrics",
 ]
 
 FORMAT = "torch-ntm-checkpoint"
@@ -50,6 +63,13 @@ CHECKPOINT_JSON = "checkpoint.json"
 # Checkpoints written before the caps on beta and gamma existed hold models of the paper's
 # unbounded form: a config without these keys means that, whatever today's defaults are.
 PRE_CAP_CONFIG = {"max_beta": 0.0, "max_gamma": 0.0}
+LOCK = ".lock"  # held (flock) by the one process that writes the run
+# The only names a record may give for its files: plain names in the run directory.
+_FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
+               "train_state": re.compile(r"train-state-[0-9]+\.safetensors")}
+# Temporary files of `_atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
+_TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state)-[0-9]+"
+                        r"\.safetensors)\.[A-Za-z0-9_]+\.tmp")
 
 
 class CheckpointError(Exception):
@@ -100,6 +120,9 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
                 raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
             return LSTMBaseline(**kwargs, device=device)
         kwargs.setdefault("engine", config.engine)
+        if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
+            check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
+                              source="the model")
         return NTM(**kwargs, device=device)
     except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
         if isinstance(e, ConfigError):
@@ -185,8 +208,6 @@ def save_checkpoint(
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
-    previous = _read_json(json_path) if json_path.exists() else None
-
     weights_name = f"weights-{step:08d}.safetensors"
     _atomic_write(run_dir / weights_name, st_save(_cpu_contiguous(model.state_dict())))
     record = {
@@ -213,13 +234,99 @@ def save_checkpoint(
         record["train_state"] = state_name
         record["train_state_sha256"] = _sha256(run_dir / state_name)
     _atomic_write(json_path, json.dumps(record, indent=2).encode())
-
-    if previous:  # the new JSON is in place: the old step's files are no longer referenced
-        for key in ("weights", "train_state"):
-            old = previous.get(key)
-            if old and old not in (record.get("weights"), record.get("train_state")):
-                (run_dir / old).unlink(missing_ok=True)
+    _remove_superseded(run_dir, {record["weights"], record.get("train_state")})
     return json_path
+
+
+def _remove_superseded(run_dir: Path, keep: set) -> None:
+    """The new JSON is in place: remove the other steps' files and leftover temporary files.
+
+    Only names of the patterns a run writes are removed, never a name read from a record."""
+    for entry in os.scandir(run_dir):
+        name = entry.name
+        ours = any(p.fullmatch(name) for p in _FILE_NAMES.values()) or _TEMPORARY.fullmatch(name)
+        if ours and name not in keep and entry.is_file(follow_symlinks=False):
+            Path(entry.path).unlink(missing_ok=True)
+
+
+def read_metrics(path: str | os.PathLike) -> list[dict]:
+    """The rows of a ``metrics.csv`` as dicts of strings ([] if the file does not exist).
+
+    Raises:
+        CheckpointError: the file is not UTF-8 text with a header naming ``step`` and ``split``,
+            or a row's ``step`` is not an integer.
+    """
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
+    if reader.fieldnames is None:
+        return []  # empty: not a row written yet
+    if not {"step", "split"} <= set(reader.fieldnames):
+        raise CheckpointError(f"{path}: not a metrics file (no step and split columns)")
+    for number, row in enumerate(rows, 2):
+        if not (row["step"] or "").isdigit():
+            raise CheckpointError(f"{path}: row {number} has step {row['step']!r}, not an "
+                                  f"integer")
+    return rows
+
+
+_HELD: dict[Path, int] = {}  # run directories this process has locked -> nesting depth
+
+
+@contextlib.contextmanager
+def lock_run(run_dir: str | os.PathLike):
+    """Hold ``RUN/.lock`` (an exclusive `fcntl.flock`) while the block runs, creating ``RUN``.
+
+    One process writes a run: a second one gets a `CheckpointError` at once. Re-entrant within a
+    process (the command line locks before `torch_ntm.train.train` locks again). The lock goes
+    with the process, so a killed training leaves nothing to clean up.
+    """
+    run_dir = Path(run_dir)
+    try:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        key = run_dir.resolve()
+        if key in _HELD:
+            _HELD[key] += 1
+            fd = None
+        else:
+            fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+    except OSError as e:
+        raise CheckpointError(f"{run_dir}: cannot write the run directory ({e.strerror})") from None
+    if fd is not None:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            raise CheckpointError(f"{run_dir}: another process is training into this run "
+                                  f"directory (it holds {run_dir / LOCK}); wait for it to end or "
+                                  f"choose another directory") from None
+        _HELD[key] = 1
+    try:
+        yield run_dir
+    finally:
+        _HELD[key] -= 1
+        if fd is not None:  # the outermost holder
+            del _HELD[key]
+            os.close(fd)
+
+
+def clear_run(run_dir: str | os.PathLike) -> None:
+    """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events) from
+    ``run_dir``, and nothing else; for ``ntm train --overwrite``."""
+    run_dir = Path(run_dir)
+    (run_dir / CHECKPOINT_JSON).unlink(missing_ok=True)  # first: no record names missing files
+    _remove_superseded(run_dir, keep=set())
+    for name in ("config.json", "metrics.csv"):
+        (run_dir / name).unlink(missing_ok=True)
+    if (run_dir / "tb").is_dir():
+        for event in (run_dir / "tb").glob("events.out.tfevents.*"):
+            event.unlink(missing_ok=True)
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
@@ -236,6 +343,9 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 def _read_json(path: Path) -> dict:
     try:
         data = json.loads(path.read_text())
+    except RecursionError:
+        raise CheckpointError(f"{path}: not a readable checkpoint JSON file (nested too deeply)"
+                              ) from None
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
         raise CheckpointError(f"{path}: not a readable checkpoint JSON file ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
@@ -248,16 +358,43 @@ def _read_json(path: Path) -> dict:
     return data
 
 
-def _load_tensors(path: Path, sha256: str | None) -> dict:
-    if not path.exists():
-        raise CheckpointError(f"{path}: file is missing")
-    if sha256 is not None and _sha256(path) != sha256:
+class _Missing(CheckpointError):
+    """A file that a record names is not there."""
+
+
+def _file_name(json_path: Path, rec: dict, key: str) -> tuple[Path, str]:
+    """The path and SHA-256 of the file that record ``rec`` names under ``key``, checked: a
+    plain name of the expected pattern (inside the run directory) and a hex SHA-256."""
+    name, sha256 = rec.get(key), rec.get(f"{key}_sha256")
+    pattern = _FILE_NAMES[key]
+    if not isinstance(name, str) or not pattern.fullmatch(name):
+        raise CheckpointError(f"{json_path}: invalid checkpoint record ({key} must be a file "
+                              f"name like {pattern.pattern.replace(chr(92), '')} in the run "
+                              f"directory, got {str(name)[:80]!r})")
+    if not isinstance(sha256, str) or not re.fullmatch(r"[0-9a-f]{64}", sha256):
+        raise CheckpointError(f"{json_path}: invalid checkpoint record ({key}_sha256 must be "
+                              f"the SHA-256 of {name} in hex, got {str(sha256)[:80]!r})")
+    return json_path.parent / name, sha256
+
+
+def _load_tensors(path: Path, sha256: str) -> dict:
+    try:  # O_NONBLOCK: a FIFO opens at once (and is then refused) instead of waiting for a writer
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    except FileNotFoundError:
+        raise _Missing(f"{path}: file is missing") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise CheckpointError(f"{path}: not a regular file")
+        data = f.read()  # hashed and parsed from the same bytes
+    if hashlib.sha256(data).hexdigest() != sha256:
         raise CheckpointError(
             f"{path}: file is corrupt or was modified (SHA-256 differs from the one recorded in "
             f"{CHECKPOINT_JSON})"
         )
     try:
-        return st_load(path.read_bytes())
+        return st_load(data)
     except Exception as e:  # safetensors raises its own error type for malformed files
         raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
 
@@ -301,10 +438,12 @@ class Checkpoint:
         rec = self._record
         if "train_state" not in rec:
             raise CheckpointError(f"{self.path}: holds weights only, no training state to resume")
-        tensors = _load_tensors(self.path.parent / rec["train_state"], rec["train_state_sha256"])
+        tensors = _load_tensors(*_file_name(self.path, rec, "train_state"))
+        if "rng.torch" not in tensors:
+            raise CheckpointError(f"{self.path}: the training state has no RNG state")
         try:
             optimizer.load_state_dict(_optimizer_join(tensors, rec["optimizer"]))
-        except (ValueError, KeyError, RuntimeError) as e:
+        except (ValueError, KeyError, RuntimeError, TypeError, AttributeError) as e:
             raise CheckpointError(
                 f"{self.path}: optimizer state does not fit this configuration ({e})"
             ) from None
@@ -320,16 +459,50 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
         CheckpointError: missing, corrupt or foreign files, or an invalid configuration.
     """
     json_path = find_checkpoint(path)
-    rec = _read_json(json_path)
-    try:
-        config = TrainConfig.from_dict({**PRE_CAP_CONFIG, **rec["config"]}, source=str(json_path))
-        weights_name, weights_sha = rec["weights"], rec["weights_sha256"]
-    except (KeyError, TypeError, ConfigError) as e:
-        raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None
-    state = _load_tensors(json_path.parent / weights_name, weights_sha)
+    for attempt in range(3):
+        rec = _read_json(json_path)
+        try:
+            if not isinstance(rec.get("config"), dict):
+                raise ConfigError("config must be an object")
+            config = TrainConfig.from_dict({**PRE_CAP_CONFIG, **rec["config"]}, source="config")
+            _check_record(rec)
+        except ConfigError as e:
+            raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None
+        try:
+            state = _load_tensors(*_file_name(json_path, rec, "weights"))
+            break
+        except _Missing:
+            # A training saved a newer checkpoint between our reading the record and its file,
+            # and removed that file: the new record names the new one.
+            if attempt == 2 or _read_json(json_path).get("weights") == rec["weights"]:
+                raise
     return Checkpoint(
-        path=json_path, config=config, step=int(rec.get("step", 0)),
-        sequences=int(rec.get("sequences", 0)), elapsed_s=float(rec.get("elapsed_s", 0.0)),
+        path=json_path, config=config, step=rec.get("step", 0),
+        sequences=rec.get("sequences", 0), elapsed_s=float(rec.get("elapsed_s", 0.0)),
         metrics=rec.get("metrics", {}), extra=rec.get("extra", {}), state_dict=state,
         _record=rec,
     )
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _check_record(rec: dict) -> None:
+    """Raise `ConfigError` if a counter, the metrics or the extras have the wrong type."""
+    for key in ("step", "sequences"):
+        value = rec.get(key, 0)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+            raise ConfigError(f"{key} must be an integer >= 0, got {str(value)[:80]!r}")
+    elapsed = rec.get("elapsed_s", 0.0)
+    if not _number(elapsed) or not elapsed >= 0:
+        raise ConfigError(f"elapsed_s must be a number >= 0, got {str(elapsed)[:80]!r}")
+    metrics = rec.get("metrics", {})
+    if not isinstance(metrics, dict) or not all(map(_number, metrics.values())):
+        raise ConfigError(f"metrics must be an object of numbers, got {str(metrics)[:80]}")
+    extra = rec.get("extra", {})
+    if not isinstance(extra, dict) or not all(
+            isinstance(v, (int, float, bool)) or (isinstance(v, list) and all(map(_number, v)))
+            for v in extra.values()):
+        raise ConfigError(f"extra must be an object of numbers and lists of numbers, got "
+                          f"{str(extra)[:80]}")

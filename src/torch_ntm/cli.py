@@ -39,7 +39,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None, help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable); task.KEY for task parameters")
-    p.add_argument("--out", type=Path, default=None, help="run directory (default runs/TASK)")
+    p.add_argument("--out", default=None,
+                   help="run directory (default runs/TASK); must be new or empty")
+    p.add_argument("--overwrite", action="store_true",
+                   help="train into --out even if it holds files (a run's own are replaced)")
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--resume", type=Path, default=None, metavar="DIR",
                    help="continue the run in DIR exactly where its checkpoint left off")
@@ -111,13 +114,20 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _cmd_train(args) -> int:
+    import contextlib
     import dataclasses
 
-    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.checkpoint import (build_model, build_task, clear_run, load_checkpoint,
+                                      lock_run)
     from torch_ntm.config import ConfigError, apply_overrides, resolve_config
-    from torch_ntm.train import train
 
+    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 writes
     if args.resume is not None:
+        given = [f"--{name}" for name in ("out", "seed", "preset", "overwrite")
+                 if getattr(args, name) not in (None, False)]
+        if given:
+            raise ConfigError(f"{', '.join(given)} cannot be given with --resume: the run "
+                              f"continues in its own directory with its own settings")
         ckpt = load_checkpoint(args.resume)
         if ckpt.config.task != args.task:
             raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
@@ -130,11 +140,52 @@ def _cmd_train(args) -> int:
         run_dir = args.resume
     else:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
-        run_dir = args.out or Path("runs") / args.task
-    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 reports
+        build_model(config, build_task(config))  # a config that cannot train fails here
+        run_dir = Path(args.out or Path("runs") / args.task)
+        if main_process:  # the other ranks would see its files appear
+            run_dir = _new_run_dir(args.out, args.task, args.overwrite)
+    # Everything is checked: from here on this process owns the run directory.
+    stack = contextlib.ExitStack()
     if main_process:
+        stack.enter_context(lock_run(run_dir))
+        if args.overwrite:
+            clear_run(run_dir)
         print(f"run directory: {run_dir}")
         print(f"config: {config.to_json()}")
+    with stack:
+        return _train_and_report(args, config, run_dir, main_process)
+
+
+def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
+    """The directory for a new run, refused (`ConfigError`) unless it is new or empty, or
+    ``overwrite`` is given; the current directory and the empty name are always refused."""
+    from torch_ntm.checkpoint import CHECKPOINT_JSON, LOCK
+    from torch_ntm.config import ConfigError
+
+    if out is not None and not out.strip():
+        raise ConfigError("--out is empty; name the run directory (default runs/TASK)")
+    run_dir = Path(out) if out is not None else Path("runs") / task
+    if run_dir.exists() and not run_dir.is_dir():
+        raise ConfigError(f"--out {run_dir}: exists and is not a directory")
+    here = Path.cwd().resolve()
+    if run_dir.is_dir() and run_dir.resolve() in (here, *here.parents):
+        raise ConfigError(f"--out {out}: is the current directory or holds it; name a directory "
+                          f"for the run (default runs/{task})")
+    if not overwrite and run_dir.is_dir():
+        if (run_dir / CHECKPOINT_JSON).exists():
+            raise ConfigError(f"--out {run_dir}: already holds a run; continue it with --resume "
+                              f"{run_dir}, or replace it with --overwrite")
+        held = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK)
+        if held:
+            listed = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+            raise ConfigError(f"--out {run_dir}: is not empty (holds {listed}); choose a new "
+                              f"directory, or pass --overwrite to train into it")
+    return run_dir
+
+
+def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
+    from torch_ntm.train import train
+
     started = time.perf_counter()
     result = train(config, run_dir, resume=args.resume is not None,
                    progress=False if args.no_progress else None)
@@ -189,6 +240,8 @@ def _cmd_evaluate(args) -> int:
     from torch_ntm.config import ConfigError, apply_task_overrides
     from torch_ntm.evaluate import evaluate_sizes, format_table
 
+    if args.sequences < 1:
+        raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")
     ckpt = load_checkpoint(_checkpoint_arg(args))
     overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
     model = ckpt.model(**overrides)
@@ -210,8 +263,13 @@ def _cmd_evaluate(args) -> int:
 
 
 def _cmd_plot(args) -> int:
+    from torch_ntm.config import ConfigError
     from torch_ntm.plot import plot_run
 
+    if args.length is not None and args.length < 1:
+        raise ConfigError(f"--length must be >= 1, got {args.length}")
+    if args.out is not None and args.out.exists() and not args.out.is_dir():
+        raise ConfigError(f"--out {args.out}: exists and is not a directory")
     checkpoint = _checkpoint_arg(args)
     out = args.out
     if out is None and args.pretrained is not None:  # never write into the installed package
@@ -238,6 +296,8 @@ def _cmd_curves(args) -> int:
             raise ConfigError(f"--labels gives {len(labels)} labels for {len(args.runs)} runs")
     if len(set(labels)) != len(labels):
         raise ConfigError(f"labels must differ, got {', '.join(labels)}; pass --labels")
+    if args.out.is_dir():
+        raise ConfigError(f"--out {args.out}: is a directory; name the PNG file to write")
     print(plot_learning_curves(dict(zip(labels, args.runs)), args.out, split=args.split))
     return 0
 
@@ -267,10 +327,16 @@ def _cmd_pretrained(args) -> int:
 def _cmd_sweep(args) -> int:
     from torch_ntm.sweep import DEFAULT_SEQUENCES, format_report, run_sweep
 
-    report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
-                       overrides=args.overrides,
-                       sequences=DEFAULT_SEQUENCES if args.sequences is None else args.sequences,
-                       out=args.out, first_seed=args.first_seed)
+    try:
+        report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
+                           overrides=args.overrides, out=args.out, first_seed=args.first_seed,
+                           sequences=DEFAULT_SEQUENCES if args.sequences is None
+                           else args.sequences)
+    except (KeyboardInterrupt, SystemExit) as e:
+        out = args.out or Path("runs") / f"sweep-{args.task}"
+        print(f"ntm: sweep interrupted; {out / 'report.md'} reports the seeds that finished; "
+              f"run the same command to continue", file=sys.stderr)
+        return e.code if isinstance(e, SystemExit) else 130
     print(format_report(report, report["title"]))
     failed = sorted(int(s) for s, code in report["exit_codes"].items() if code != 0)
     if failed:
@@ -307,6 +373,7 @@ _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
 def main(argv: list[str] | None = None) -> int:
     from torch_ntm.checkpoint import CheckpointError
     from torch_ntm.config import ConfigError
+    from torch_ntm.train import Interrupted
 
     args = _parser().parse_args(argv)
     try:
@@ -314,6 +381,13 @@ def main(argv: list[str] | None = None) -> int:
     except (ConfigError, CheckpointError) as e:
         print(f"ntm: error: {e}", file=sys.stderr)
         return 2
+    except OSError as e:  # the machine's, not the user's: a full disk, a file size limit
+        print(f"ntm: error: {e}", file=sys.stderr)
+        return 1
+    except Interrupted as e:
+        print(f"ntm: interrupted at step {e.step}; checkpoint saved, resume with --resume "
+              f"{e.run_dir}", file=sys.stderr)
+        return 128 + e.signum
     except KeyboardInterrupt:
         print("ntm: interrupted", file=sys.stderr)
         return 130

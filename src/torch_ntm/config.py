@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import typing
 from dataclasses import dataclass, field
 
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
-    "apply_task_overrides", "resolve_device",
+    "apply_task_overrides", "resolve_device", "check_memory_size",
 ]
 
 
@@ -99,10 +100,20 @@ class TrainConfig:
                 f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}"
             )
         config = cls(**data)
-        for f in dataclasses.fields(cls):
-            _check_type(f.name, getattr(config, f.name), _field_type(f), source)
-        config.check_choices(source)
+        config.check(source)
         return config
+
+    def check(self, source: str = "config") -> None:
+        """Raise `ConfigError` naming the first key whose value has the wrong type, is out of
+        range, or is not one of the key's choices."""
+        for f in dataclasses.fields(self):
+            _check_type(f.name, getattr(self, f.name), _field_type(f), source)
+        for key, (test, wanted) in _RANGES.items():
+            value = getattr(self, key)
+            if not test(value):
+                raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
+        self.check_choices(source)
+        check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
@@ -112,6 +123,57 @@ class TrainConfig:
                 raise ConfigError(
                     f"{source}: {key}={value!r} is not valid; valid choices: {', '.join(valid)}"
                 )
+
+
+def _finite(lo: float, hi: float = math.inf, lo_open=False, hi_open=False):
+    """A test for a finite float in the interval from ``lo`` to ``hi``."""
+    def test(value) -> bool:
+        return (math.isfinite(value) and (lo < value if lo_open else lo <= value)
+                and (value < hi if hi_open else value <= hi))
+    return test
+
+
+_AT_LEAST_1 = (lambda v: v >= 1, "an integer >= 1")
+_AT_LEAST_0 = (lambda v: v >= 0, "an integer >= 0")
+# The range of every number in a config; a value outside is a mistake, caught before training.
+_RANGES = {
+    **{key: _AT_LEAST_1 for key in (
+        "controller_size", "controller_layers", "memory_size", "memory_width", "batch_size",
+        "max_sequences", "eval_every", "eval_sequences", "patience_evals", "threads",
+        "log_every")},
+    **{key: _AT_LEAST_0 for key in ("read_heads", "write_heads", "shift_range")},
+    "seed": (lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
+    "lr": (_finite(0, lo_open=True), "a finite number > 0"),
+    "momentum": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
+    "rmsprop_alpha": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
+    "clip_value": (_finite(0), "a finite number >= 0 (0 disables)"),
+    "clip_norm": (_finite(0), "a finite number >= 0 (0 disables)"),
+    "lr_decay": (_finite(0, 1, lo_open=True), "a number in (0, 1]"),
+    "max_seconds": (_finite(0), "a finite number >= 0 (0 means no limit)"),
+    "eval_size_sequences": _AT_LEAST_1,
+    "clip_spikes": (lambda v: v == 0 or _finite(1)(v), "0 (off) or a finite number >= 1"),
+    "max_beta": (_finite(0), "a finite number > 0, or 0 for the paper's unbounded beta"),
+    "max_gamma": (lambda v: v == 0 or _finite(1, lo_open=True)(v),
+                  "a finite number > 1, or 0 for the paper's unbounded gamma"),
+    **{key: (_finite(-math.inf), "a finite number (< 0 disables)")
+       for key in ("lr_decay_bit_errors", "rollback_bit_errors", "stop_bit_errors")},
+}
+# One batch of memory matrices (float32) above this is a typo, not a plan: the run would only
+# fail later for lack of memory (validation and evaluation use batches of at least 64).
+MAX_MEMORY_BYTES = 4 << 30
+
+
+def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
+                      source: str = "config") -> None:
+    """Raise `ConfigError` if a batch's memory (at least 64 sequences) would exceed
+    `MAX_MEMORY_BYTES`."""
+    need = max(batch_size, 64) * memory_size * memory_width * 4
+    if need > MAX_MEMORY_BYTES:
+        raise ConfigError(
+            f"{source}: memory_size={memory_size} x memory_width={memory_width} needs "
+            f"{need / 2**30:.3g} GiB per batch of {max(batch_size, 64)} sequences; the limit is "
+            f"{MAX_MEMORY_BYTES / 2**30:g} GiB"
+        )
 
 
 def _choices() -> dict[str, tuple[str, ...]]:
@@ -315,7 +377,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
                 f"or task.<parameter> for the task's own parameters"
             )
     config = dataclasses.replace(config, task_params=task_params, **changes)
-    config.check_choices("--set")
+    config.check("--set")
     return config
 
 
@@ -327,7 +389,7 @@ def resolve_config(task: str, preset: str | None = None, overrides: list[str] = 
     if task not in TASKS:
         raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
     presets = PRESETS[task]
-    preset = preset or "ntm-lstm"
+    preset = "ntm-lstm" if preset is None else preset
     if preset not in presets:
         raise ConfigError(
             f"unknown preset {preset!r} for task {task!r}; valid presets: {', '.join(presets)}"
@@ -337,6 +399,7 @@ def resolve_config(task: str, preset: str | None = None, overrides: list[str] = 
     config = apply_overrides(config, list(overrides))
     if seed is not None:
         config = dataclasses.replace(config, seed=seed)
+        config.check("--seed")
     return config
 
 

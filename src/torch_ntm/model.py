@@ -207,6 +207,15 @@ def _bound(name: str, value, above: float) -> float | None:
     return float(value)
 
 
+def _shapes(value):
+    """A short description of a state part for an error message: shapes, not values."""
+    if isinstance(value, Tensor):
+        return f"a tensor of shape {list(value.shape)}"
+    if isinstance(value, tuple):
+        return "(" + ", ".join(_shapes(v) for v in value) + ")"
+    return type(value).__name__
+
+
 class _NTMBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `NTMCell` and `NTM`.
 
@@ -357,6 +366,15 @@ class _NTMBase(nn.Module):
         """Soft caps of beta and of gamma - 1 for `_activate` (0: unbounded)."""
         return (self.max_beta or 0.0, (self.max_gamma or 1.0) - 1.0)
 
+    def _check_dtype(self, x: Tensor) -> None:
+        """Inputs must have the parameters' dtype (no engine converts them)."""
+        if x.dtype != self.reads0.dtype:
+            raise ValueError(
+                f"{type(self).__name__} expects input of dtype {self.reads0.dtype} (its "
+                f"parameters'), got {x.dtype}; convert with x.to({self.reads0.dtype}) or the "
+                f"model with .to({x.dtype})"
+            )
+
     def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, NTMState):
             raise TypeError(f"state must be an NTMState, got {type(state).__name__}")
@@ -375,6 +393,20 @@ class _NTMBase(nn.Module):
                     f"(batch {b}, memory {n}x{m}); was the state made for another batch size "
                     f"or model?"
                 )
+        ctrl, got = self.controller, state.controller
+        if isinstance(ctrl, LSTMController):  # (h, c), each (L, B, C)
+            shape = [ctrl.num_layers, b, ctrl.hidden_size]
+            if not (isinstance(got, tuple) and len(got) == 2 and all(
+                    isinstance(t, Tensor) and list(t.shape) == shape for t in got)):
+                raise ValueError(
+                    f"state.controller must be (h, c), each of shape {shape}, for this LSTM "
+                    f"controller; got {_shapes(got)}: was the state made for another controller?"
+                )
+        elif not (isinstance(got, tuple) and not got):
+            raise ValueError(f"state.controller must be () for a feed-forward controller; got "
+                             f"{_shapes(got)}: was the state made for another controller?")
+        if state.memory.dtype != ref.dtype:
+            raise ValueError(f"state has dtype {state.memory.dtype} but the input {ref.dtype}")
         if state.memory.device != ref.device:
             raise ValueError(
                 f"state is on {state.memory.device} but the input is on {ref.device}"
@@ -437,6 +469,7 @@ class NTMCell(_NTMBase):
             raise ValueError(
                 f"NTMCell expects input of shape [batch, {self.input_size}], got {list(x.shape)}"
             )
+        self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)
         else:
@@ -516,6 +549,7 @@ class NTM(_NTMBase):
             x = x.transpose(0, 1)
         if x.shape[0] == 0:
             raise ValueError("NTM got an input sequence of length 0")
+        self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:

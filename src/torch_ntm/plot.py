@@ -11,7 +11,6 @@
 
 from __future__ import annotations
 
-import csv
 import os
 from pathlib import Path
 
@@ -132,10 +131,9 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
 
 def _read_metrics(metrics_csv: Path) -> list[dict]:
     """The rows of a run's ``metrics.csv`` ([] if it does not exist)."""
-    if not metrics_csv.exists():
-        return []
-    with open(metrics_csv, newline="") as f:
-        return list(csv.DictReader(f))
+    from torch_ntm.checkpoint import read_metrics
+
+    return read_metrics(metrics_csv)
 
 
 def _curve_axes(curves, path: Path) -> Path:

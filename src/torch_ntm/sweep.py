@@ -5,7 +5,9 @@ who collapsed or diverged afterwards.
 time, one thread each) into ``OUT/seed-S/``. Every seed trains for the full ``--sequences`` budget
 with ``stop_bit_errors=-1``, so a model that converges and later falls apart is seen. The report
 (`summarise`, `format_report`) is a pure function of the run directories' ``metrics.csv`` and
-``checkpoint.json``; it is written to ``OUT/report.json`` and ``OUT/report.md``.
+``checkpoint.json``; it is written to ``OUT/report.json`` and ``OUT/report.md``, also when the
+sweep is stopped (Ctrl-C, SIGTERM: the children save a checkpoint and stop). Running the same
+sweep again continues it: complete seeds are reused, incomplete ones resumed.
 
 A seed *converges* at its first validation with bit errors per sequence <= the preset's
 ``stop_bit_errors`` (0 where the preset has none), *collapses* if a later validation has more than
@@ -18,6 +20,7 @@ converges within `GOAL_TIME_RATIO` times the median time, none collapses, no NaN
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -29,7 +32,8 @@ import threading
 import time
 from pathlib import Path
 
-from torch_ntm.checkpoint import CHECKPOINT_JSON, build_model, build_task
+from torch_ntm.checkpoint import (CHECKPOINT_JSON, CheckpointError, build_model, build_task,
+                                  load_checkpoint)
 from torch_ntm.config import ConfigError, resolve_config
 
 __all__ = ["run_sweep", "summarise", "format_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO"]
@@ -61,17 +65,21 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
         overrides: ``key=value`` strings as for ``ntm train --set`` (not ``seed`` or
             ``max_sequences``: use ``first_seed`` and ``sequences``).
         sequences: training sequences per seed, >= 1.
-        out: the sweep folder (default ``runs/sweep-TASK``); it must not hold these seeds' runs.
+        out: the sweep folder (default ``runs/sweep-TASK``); a seed whose folder holds a run of
+            these settings is reused when complete and resumed otherwise.
         first_seed: the first seed.
         echo: called with one line of progress per started and finished seed.
 
     Returns:
         The report (`summarise`'s dictionary plus ``title``, ``task``, ``preset``,
-        ``sequences_per_seed`` and ``exit_codes`` by seed), also written to
+        ``sequences_per_seed``, ``exit_codes`` by seed trained now and ``reused``, the seeds
+        that were complete already), also written to
         ``OUT/report.json`` and, formatted, ``OUT/report.md``.
 
     Raises:
-        ConfigError: a bad task, preset, override or count, or existing runs in ``out``.
+        ConfigError: a bad task, preset, override or count, or runs of other settings in ``out``.
+        KeyboardInterrupt, SystemExit: the sweep was stopped (Ctrl-C, SIGTERM); the report of
+            the seeds that finished was written first.
     """
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
@@ -89,34 +97,47 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
 
     out = Path(out) if out is not None else Path("runs") / f"sweep-{task}"
     run_dirs = [out / f"seed-{s}" for s in range(first_seed, first_seed + seeds)]
-    taken = [d for d in run_dirs if (d / CHECKPOINT_JSON).exists()]
-    if taken:
-        raise ConfigError(f"{taken[0]} already holds a run; remove it or choose another --out "
-                          f"or --first-seed")
+    sets = ["threads=1", *overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"]
+    # What each folder holds decides what to do: a complete run is reused, an incomplete one
+    # resumed, anything else started afresh (a sweep can be continued by running it again).
+    done = {}  # seed -> "complete" or "resume"
+    for seed, run_dir in zip(range(first_seed, first_seed + seeds), run_dirs):
+        if (run_dir / CHECKPOINT_JSON).exists():
+            done[seed] = _existing_run(run_dir, resolve_config(task, preset, sets, seed),
+                                       sequences)
 
     def command(seed: int, run_dir: Path) -> list[str]:
-        argv = [sys.executable, "-m", "torch_ntm", "train", task, "--seed", str(seed),
-                "--out", str(run_dir), "--no-plots", "--no-progress"]
-        if preset is not None:
-            argv += ["--preset", preset]
-        sets = ["threads=1", *overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"]
-        return argv + [arg for item in sets for arg in ("--set", item)]
+        if done.get(seed) == "resume":
+            argv = [sys.executable, "-m", "torch_ntm", "train", task, "--resume", str(run_dir)]
+        else:
+            argv = [sys.executable, "-m", "torch_ntm", "train", task, "--seed", str(seed),
+                    "--out", str(run_dir), "--overwrite"]  # the folder holds our train.log
+            argv += ["--preset", preset] if preset is not None else []
+        return argv + ["--no-plots", "--no-progress",
+                       *(arg for item in sets for arg in ("--set", item))]
 
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    pending = list(zip(range(first_seed, first_seed + seeds), run_dirs))
+    pending = [(s, d) for s, d in zip(range(first_seed, first_seed + seeds), run_dirs)
+               if done.get(s) != "complete"]
+    for seed in sorted(s for s, state in done.items() if state == "complete"):
+        echo(f"seed {seed}: complete already ({out / f'seed-{seed}'})")
     running: dict[int, tuple[subprocess.Popen, float]] = {}
     exit_codes: dict[int, int] = {}
     terminated = _SigtermAsExit()
+    stopped = None
     try:
         while pending or running:
             while pending and len(running) < jobs:
                 seed, run_dir = pending.pop(0)
                 run_dir.mkdir(parents=True, exist_ok=True)
-                with open(run_dir / "train.log", "wb") as log:
+                with open(run_dir / "train.log", "ab" if seed in done else "wb") as log:
+                    # Its own session: Ctrl-C reaches the sweep only, which stops the children
+                    # once (SIGTERM: each saves a checkpoint that a continued sweep resumes).
                     proc = subprocess.Popen(command(seed, run_dir), stdout=log,
-                                            stderr=subprocess.STDOUT, env=env)
+                                            stderr=subprocess.STDOUT, env=env,
+                                            start_new_session=True)
                 running[seed] = (proc, time.perf_counter())
-                echo(f"seed {seed}: started ({run_dir})")
+                echo(f"seed {seed}: {'resumed' if seed in done else 'started'} ({run_dir})")
             time.sleep(0.1)
             for seed, (proc, started) in list(running.items()):
                 if proc.poll() is not None:
@@ -126,6 +147,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
                     status = ("done" if proc.returncode == 0 else
                               f"FAILED with exit status {proc.returncode} (see {log})")
                     echo(f"seed {seed}: {status} after {time.perf_counter() - started:.1f} s")
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM: report what finished
+        stopped = e
     finally:  # interrupted (Ctrl-C, SIGTERM): stop the children rather than leave them training
         for proc, _ in running.values():
             proc.terminate()
@@ -137,10 +160,30 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
              f"{sequences:,} sequences each")
     report = {"title": title, "task": task, "preset": config.preset,
               "sequences_per_seed": sequences, **summarise(run_dirs, threshold),
-              "exit_codes": {str(s): c for s, c in sorted(exit_codes.items())}}
+              "exit_codes": {str(s): c for s, c in sorted(exit_codes.items())},
+              "reused": sorted(s for s, state in done.items() if state == "complete")}
     (out / "report.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
     (out / "report.md").write_text(format_report(report, title) + "\n")
+    if stopped is not None:
+        raise stopped
     return report
+
+
+def _existing_run(run_dir: Path, config, sequences: int) -> str:
+    """``"complete"`` if ``run_dir`` holds this seed's run with the whole budget, ``"resume"``
+    if it holds an incomplete one; `ConfigError` if its run has other settings."""
+    try:
+        ckpt = load_checkpoint(run_dir)
+    except CheckpointError as e:
+        raise ConfigError(f"{run_dir} holds a run that cannot be continued ({e}); remove it "
+                          f"or choose another --out") from None
+    other = [f.name for f in dataclasses.fields(config) if f.name not in ("max_sequences",)
+             and getattr(config, f.name) != getattr(ckpt.config, f.name)]
+    if other:
+        raise ConfigError(f"{run_dir} already holds a run with other settings "
+                          f"({', '.join(other)}); remove it or choose another --out or "
+                          f"--first-seed")
+    return "complete" if ckpt.sequences >= sequences else "resume"
 
 
 class _SigtermAsExit:

@@ -10,9 +10,13 @@ N/2 steps, a resume, and N/2 more, bit for bit on the CPU.
 
 from __future__ import annotations
 
+import contextlib
 import csv
+import io
 import math
 import os
+import signal
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,7 +28,10 @@ from torch_ntm.checkpoint import (
     CheckpointError,
     build_model,
     build_task,
+    _atomic_write,
     load_checkpoint,
+    lock_run,
+    read_metrics,
     save_checkpoint,
 )
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
@@ -32,7 +39,7 @@ from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
 from torch_ntm.stability import BestWeights, SpikeClip
 
-__all__ = ["train", "TrainResult", "make_optimizer", "validation_batches"]
+__all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches"]
 
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes)
 CSV_FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
@@ -47,6 +54,35 @@ class TrainResult:
     elapsed_s: float
     metrics: dict  # last validation (after a rollback: the restored best's)
     nan_steps: int
+
+
+class Interrupted(KeyboardInterrupt):
+    """`train` was stopped by SIGINT or SIGTERM and saved a checkpoint at ``step`` first."""
+
+    def __init__(self, signum: int, step: int, run_dir: Path):
+        super().__init__(f"interrupted by signal {signum} at step {step}")
+        self.signum, self.step, self.run_dir = signum, step, run_dir
+
+
+class _StopSignals:
+    """While installed, SIGINT and SIGTERM only ask the loop to stop (``signum``), so that it
+    stops between steps with a checkpoint; a second signal stops at once (KeyboardInterrupt)."""
+
+    def __init__(self, enabled: bool):
+        self.signum = None
+        self.previous = {}
+        if enabled and threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self.previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+
+    def restore(self) -> None:
+        for sig, handler in self.previous.items():
+            signal.signal(sig, handler)
 
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
@@ -135,13 +171,13 @@ class _MetricsLog:
     def __init__(self, run_dir: Path, resume_step: int | None):
         self.path = run_dir / "metrics.csv"
         rows = []
-        if resume_step is not None and self.path.exists():
-            with open(self.path, newline="") as f:
-                rows = [r for r in csv.DictReader(f) if int(r["step"]) <= resume_step]
-        with open(self.path, "w", newline="") as f:
-            writer = csv.DictWriter(f, CSV_FIELDS)
-            writer.writeheader()
-            writer.writerows(rows)
+        if resume_step is not None:
+            rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_step]
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, CSV_FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        _atomic_write(self.path, text.getvalue().encode())  # a kill keeps the old rows
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter
@@ -218,9 +254,16 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
 
     Stops when validation bit errors per sequence stay <= ``config.stop_bit_errors`` for
     ``config.patience_evals`` validations, or when ``max_sequences``/``max_seconds`` is spent.
-    Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory.
+    Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory,
+    holding its lock (`torch_ntm.checkpoint.lock_run`): a second training into it is refused.
     """
-    run_dir = Path(run_dir)
+    config.check()  # a config built in Python: the checks the command line's parser makes
+    main = int(os.environ.get("RANK", "0")) == 0
+    with lock_run(run_dir) if main else contextlib.nullcontext():
+        return _train(config, Path(run_dir), resume=resume, progress=progress)
+
+
+def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None):
     torch.set_num_threads(config.threads)
     world = _World(resolve_device(config.device))
     device = world.device
@@ -254,8 +297,8 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
                 group["lr"] = config.lr
     if world.main:
         run_dir.mkdir(parents=True, exist_ok=True)
+        log_file = _MetricsLog(run_dir, step if resume else None)  # first: it checks the old
         (run_dir / "config.json").write_text(config.to_json() + "\n")
-        log_file = _MetricsLog(run_dir, step if resume else None)
     train_model = world.wrap(model)
     # Every rank validates the whole (small) set, so all reach the same stopping decision.
     val_batches = validation_batches(config, task)
@@ -299,6 +342,10 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
                 log_file.write(step, sequences, elapsed, "rollback", last_val)
         else:
             best.offer(last_val)
+        save()
+        return last_val
+
+    def save() -> None:
         if world.main:
             save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
                             sequences=sequences, elapsed_s=elapsed, metrics=last_val,
@@ -306,7 +353,6 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
                                    "lr_decayed": lr_decayed, "rollbacks": rollbacks,
                                    "recent_grad_norms": [] if spikes is None
                                    else list(spikes.norms)})
-        return last_val
 
     bar = _progress(config.max_sequences, sequences, progress if world.main else False)
     converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
@@ -314,8 +360,15 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     run_cost = run_err = run_n = 0.0
     start = time.perf_counter() - elapsed
     model.train()
+    # Under torchrun the ranks could see a signal at different steps: there it stops at once.
+    stop = _StopSignals(enabled=world.size == 1)
     try:
         while not converged and sequences < config.max_sequences:
+            if stop.signum is not None:  # between two steps: the state is consistent
+                elapsed = time.perf_counter() - start
+                if val_step != step:
+                    save()
+                raise Interrupted(stop.signum, step, run_dir)
             if config.max_seconds and time.perf_counter() - start >= config.max_seconds:
                 break
             batch = task.sample(config.batch_size, data_gen)
@@ -355,6 +408,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
             validate()
             converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
     finally:
+        stop.restore()
         bar.close()
         if world.main:
             log_file.close()

@@ -109,6 +109,8 @@ def export(run_dir: str | os.PathLike, name: str,
     if not _NAME.fullmatch(name):
         raise ConfigError(f"pretrained model name {name!r} must be letters, digits, '_', '.' "
                           f"or '-', starting with a letter or digit")
+    if dest is not None and Path(dest).exists() and not Path(dest).is_dir():
+        raise ConfigError(f"--dest {dest}: exists and is not a directory")
     ckpt = load_checkpoint(run_dir)
     return save_checkpoint(_root(dest) / name, ckpt.config, ckpt.model(), step=ckpt.step,
                            sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,

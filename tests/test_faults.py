@@ -1,0 +1,517 @@
+"""Faults and bad input: crafted records, bad values, concurrent writers, signals.
+
+Each user mistake or hostile file ends in one line (``ntm: error: ...`` from the command line, a
+`CheckpointError` or `ConfigError` from the API), a nonzero exit, and nothing written or removed
+outside what the run owns.
+"""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_ntm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
+from torch_ntm.cli import main
+from torch_ntm.config import resolve_config
+from torch_ntm.train import train
+
+SRC = os.environ.get("FAULTS_SRC") or str(Path(__file__).resolve().parents[1] / "src")
+TINY = ["controller_size=8", "memory_size=8", "memory_width=4", "batch_size=2",
+        "max_sequences=4", "eval_every=1", "eval_sequences=2", "engine=fast",
+        "task.max_length=3", "task.width=4"]
+TINY_SET = [arg for item in TINY for arg in ("--set", item)]
+
+
+def tiny_config(*extra):
+    return resolve_config("copy", overrides=[*TINY, *extra])
+
+
+def one_line_error(capsys, argv, status=2) -> str:
+    """Run ``ntm argv`` in this process; assert one line on stderr and ``status``."""
+    assert main(argv) == status
+    err = capsys.readouterr().err
+    assert err.startswith("ntm: error: "), err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def ntm(*argv, timeout=120, **kwargs) -> subprocess.CompletedProcess:
+    """``python -m torch_ntm argv`` in a child process (one thread, this checkout's code)."""
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "torch_ntm", *argv], env=env, timeout=timeout,
+                          capture_output=True, text=True, **kwargs)
+
+
+@pytest.fixture(scope="module")
+def run_template(tmp_path_factory):
+    run = tmp_path_factory.mktemp("faults") / "run"
+    train(tiny_config(), run, progress=False)
+    return run
+
+
+@pytest.fixture
+def run(run_template, tmp_path):
+    import shutil
+
+    copy = tmp_path / "run"
+    shutil.copytree(run_template, copy)
+    return copy
+
+
+def edit_record(run: Path, **changes) -> dict:
+    record = json.loads((run / "checkpoint.json").read_text())
+    for key, value in changes.items():
+        if value is KeyError:
+            record.pop(key, None)
+        else:
+            record[key] = value
+    (run / "checkpoint.json").write_text(json.dumps(record))
+    return record
+
+
+# -- Crafted checkpoint records ----------------------------------------------------------------
+
+def hostile_names(tmp_path):
+    victim = tmp_path / "victim.safetensors"
+    victim.write_bytes(b"the user's own file")
+    return victim, [str(victim), "../victim.safetensors", "sub/weights-1.safetensors",
+                    "weights-1.safetensors/..", "", 7, None]
+
+
+@pytest.mark.parametrize("key", ["weights", "train_state"])
+def test_a_record_naming_a_file_outside_the_run_is_refused(run, tmp_path, key):
+    victim, names = hostile_names(tmp_path)
+    for name in names:
+        edit_record(run, **{key: name})
+        with pytest.raises(CheckpointError, match=f"invalid checkpoint record \\({key} must be"):
+            ckpt = load_checkpoint(run)
+            ckpt.restore_train_state(_optimizer(ckpt))
+    assert victim.read_bytes() == b"the user's own file"
+
+
+def _optimizer(ckpt):
+    from torch_ntm.train import make_optimizer
+
+    return make_optimizer(ckpt.config, ckpt.model().parameters())
+
+
+def test_saving_over_a_crafted_record_removes_nothing_outside_the_run(run, tmp_path):
+    victim, names = hostile_names(tmp_path)
+    ckpt = load_checkpoint(run)
+    for name in names:
+        edit_record(run, weights=name, train_state=name)
+        save_checkpoint(run, ckpt.config, ckpt.model(), step=5)
+        assert victim.read_bytes() == b"the user's own file", name
+
+
+def test_resume_from_a_crafted_record_is_one_line_and_keeps_the_file(run, tmp_path, capsys):
+    victim, _ = hostile_names(tmp_path)
+    edit_record(run, weights=str(victim))
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
+                                  "--no-progress"])
+    assert "weights must be a file name like weights-[0-9]+.safetensors" in err
+    assert victim.read_bytes() == b"the user's own file"
+
+
+@pytest.mark.parametrize("key", ["weights_sha256", "train_state_sha256"])
+@pytest.mark.parametrize("value", [None, KeyError, "", "0" * 63, 12])
+def test_a_missing_or_null_hash_is_an_error_not_a_skipped_check(run, key, value):
+    edit_record(run, **{key: value})
+    with pytest.raises(CheckpointError, match=f"{key} must be the SHA-256"):
+        ckpt = load_checkpoint(run)
+        ckpt.restore_train_state(_optimizer(ckpt))
+
+
+def test_a_fifo_or_device_as_weights_is_refused_without_hanging(run, tmp_path):
+    record = json.loads((run / "checkpoint.json").read_text())
+    weights = run / record["weights"]
+    weights.unlink()
+    os.mkfifo(weights)
+    code = f"from torch_ntm.checkpoint import load_checkpoint; load_checkpoint({str(run)!r})"
+    env = {**os.environ, "PYTHONPATH": SRC}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=30)
+    assert "not a regular file" in done.stderr
+    weights.unlink()
+    weights.symlink_to("/dev/zero")
+    with pytest.raises(CheckpointError, match="not a regular file"):
+        load_checkpoint(run)
+
+
+@pytest.mark.parametrize("changes, message", [
+    ({"step": "abc"}, "step must be an integer >= 0"),
+    ({"step": -1}, "step must be an integer >= 0"),
+    ({"sequences": 1.5}, "sequences must be an integer >= 0"),
+    ({"elapsed_s": "x"}, "elapsed_s must be a number"),
+    ({"metrics": [1, 2]}, "metrics must be an object of numbers"),
+    ({"metrics": {"bit_errors": "none"}}, "metrics must be an object of numbers"),
+    ({"extra": [1]}, "extra must be an object"),
+    ({"config": [1]}, "config must be an object"),
+    ({"config": {"lr": "fast"}}, "lr must be float"),
+])
+def test_hand_edited_records_are_one_line(run, capsys, changes, message):
+    edit_record(run, **changes)
+    err = one_line_error(capsys, ["evaluate", str(run), "--sequences", "2", "--lengths", "2"])
+    assert "invalid checkpoint record" in err and message in err
+
+
+def test_deeply_nested_json_is_one_line(run, capsys):
+    (run / "checkpoint.json").write_text("[" * 200_000 + "]" * 200_000)
+    err = one_line_error(capsys, ["evaluate", str(run)])
+    assert "not a readable checkpoint JSON file" in err
+
+
+def test_a_save_removes_superseded_and_temporary_files_only(run):
+    ckpt = load_checkpoint(run)
+    leftovers = [".weights-00000002.safetensors.abc123.tmp", ".checkpoint.json.x_y.tmp",
+                 ".metrics.csv.q.tmp", "weights-00000003.safetensors",
+                 "train-state-00000003.safetensors"]
+    kept = ["weights-3.safetensors.bak", ".notes.tmp", "my-weights-1.safetensors", "notes.txt"]
+    for name in leftovers + kept:
+        (run / name).write_bytes(b"x")
+    save_checkpoint(run, ckpt.config, ckpt.model(), step=7)
+    names = {p.name for p in run.iterdir()}
+    assert not names & set(leftovers)
+    assert set(kept) <= names
+    assert "weights-00000007.safetensors" in names
+    assert not list(run.glob("train-state-*"))  # a weights-only save supersedes the state too
+    assert hashlib.sha256((run / "weights-00000007.safetensors").read_bytes()).hexdigest() == \
+        json.loads((run / "checkpoint.json").read_text())["weights_sha256"]
+
+
+# -- --out: nothing overwritten unless asked ---------------------------------------------------
+
+def snapshot(folder: Path) -> dict:
+    """Every file under ``folder`` with its bytes."""
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
+            if p.is_file()}
+
+
+def train_argv(out, *extra):
+    return ["train", "copy", "--out", str(out), "--no-plots", "--no-progress", *TINY_SET, *extra]
+
+
+def test_out_refuses_a_folder_of_the_users_own_files(tmp_path, capsys):
+    folder = tmp_path / "mine"
+    (folder / "figures").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "metrics.csv").write_text("a,b\n1,2\n")
+    before = snapshot(folder)
+    err = one_line_error(capsys, train_argv(folder))
+    assert "is not empty (holds config.json, figures, metrics.csv)" in err and "--overwrite" in err
+    assert snapshot(folder) == before and not (folder / ".lock").exists()
+
+
+def test_out_refuses_an_existing_run_without_resume_or_overwrite(run, capsys):
+    before = snapshot(run)
+    err = one_line_error(capsys, train_argv(run))
+    assert f"--out {run}: already holds a run; continue it with --resume {run}" in err
+    assert snapshot(run) == before
+
+
+def test_a_start_that_fails_on_a_bad_config_leaves_the_old_run_alone(run, capsys):
+    before = snapshot(run)
+    one_line_error(capsys, train_argv(run, "--set", "batch_size=0", "--overwrite"))
+    one_line_error(capsys, train_argv(run, "--set", "shift_range=100", "--overwrite"))
+    assert snapshot(run) == before
+
+
+def test_overwrite_replaces_the_runs_files_and_keeps_the_others(run, capsys):
+    (run / "notes.txt").write_text("mine")
+    old_weights = {p.name for p in run.glob("weights-*")}
+    assert main(train_argv(run, "--overwrite", "--set", "max_sequences=2")) == 0
+    assert (run / "notes.txt").read_text() == "mine"
+    assert load_checkpoint(run).sequences == 2
+    assert not old_weights & {p.name for p in run.glob("weights-*")}
+    rows = (run / "metrics.csv").read_text().splitlines()
+    assert all(r.split(",")[1] in ("sequences", "2") for r in rows)  # no row of the old run
+
+
+@pytest.mark.parametrize("out", ["", "  ", "."])
+def test_out_refuses_the_empty_name_and_the_current_directory(tmp_path, monkeypatch, capsys,
+                                                               out):
+    monkeypatch.chdir(tmp_path)
+    one_line_error(capsys, train_argv(out))
+    one_line_error(capsys, train_argv(out, "--overwrite"))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_out_that_is_a_file_or_cannot_be_made_is_one_line(tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    assert "exists and is not a directory" in one_line_error(capsys, train_argv(tmp_path / "file"))
+    err = one_line_error(capsys, train_argv("/proc/no-such-dir/run"))
+    assert "cannot write the run directory" in err
+
+
+@pytest.mark.parametrize("flag", [["--seed", "3"], ["--preset", "ntm-ff"], ["--overwrite"],
+                                  ["--out", "elsewhere"]])
+def test_resume_refuses_options_it_would_ignore(run, capsys, flag):
+    before = snapshot(run)
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *flag])
+    assert f"{flag[0]} cannot be given with --resume" in err
+    assert snapshot(run) == before
+
+
+# -- One writer per run directory -------------------------------------------------------------
+
+def test_a_second_writer_gets_one_line_and_changes_nothing(run, tmp_path, capsys):
+    import fcntl
+
+    with open(run / ".lock", "a") as held:  # another process's lock (its own open file)
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        before = snapshot(run)
+        for argv in (["train", "copy", "--resume", str(run), "--set", "max_sequences=8",
+                      "--no-plots", "--no-progress"], train_argv(run, "--overwrite")):
+            err = one_line_error(capsys, argv)
+            assert "another process is training into this run directory" in err
+        assert snapshot(run) == before
+        with pytest.raises(CheckpointError, match="another process is training"):
+            train(tiny_config(), run, resume=True, progress=False)
+    assert main(["train", "copy", "--resume", str(run), "--set", "max_sequences=8",
+                 "--no-plots", "--no-progress"]) == 0  # released: the run continues
+
+
+def test_two_trainings_into_one_directory_at_once(tmp_path):
+    """Two real processes: exactly one trains, the other is refused with one line."""
+    out = tmp_path / "run"
+    argv = ["train", "copy", "--out", str(out), "--overwrite", "--no-plots", "--no-progress",
+            *TINY_SET, "--set", "max_sequences=40"]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    procs = [subprocess.Popen([sys.executable, "-m", "torch_ntm", *argv], env=env,
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    results = [(p.wait(timeout=120), p.stderr.read()) for p in procs]
+    for p in procs:
+        p.stderr.close()
+    codes = sorted(code for code, _ in results)
+    if codes == [0, 0]:  # the first had finished before the second started: nothing to test
+        pytest.skip("the trainings did not overlap")
+    assert codes == [0, 2], results
+    err = next(e for code, e in results if code == 2)
+    assert "another process is training" in err and len(err.strip().splitlines()) == 1
+    assert load_checkpoint(out).sequences == 40
+    assert len(list(out.glob("weights-*"))) == 1
+
+
+# -- Every value checked when it is parsed, before anything is written ------------------------
+
+BAD_SETS = ["batch_size=0", "batch_size=-4", "eval_every=0", "log_every=0", "eval_sequences=0",
+            "threads=0", "lr=nan", "lr=-1", "lr=inf", "lr=0", "momentum=-1", "momentum=1",
+            "rmsprop_alpha=2", "clip_norm=nan", "clip_value=-1", "lr_decay=nan", "lr_decay=0",
+            "lr_decay=2", "max_seconds=nan", "max_seconds=-1", "seed=-1",
+            "seed=100000000000000000000000", "memory_size=1000000000", "memory_size=0",
+            "stop_bit_errors=nan", "max_sequences=0", "patience_evals=0", "batch_size=1e3",
+            "seed=1e23", "clip_spikes=0.5", "clip_spikes=nan", "max_gamma=1", "max_gamma=-2",
+            "max_beta=inf", "eval_sizes=0", "eval_sizes=40,x", "eval_size_sequences=0"]
+
+
+@pytest.mark.parametrize("item", BAD_SETS)
+def test_a_bad_set_value_is_one_line_and_writes_nothing(tmp_path, capsys, item):
+    out = tmp_path / "run"
+    err = one_line_error(capsys, train_argv(out, "--set", item))
+    key = item.partition("=")[0]
+    assert key in err
+    assert not out.exists()
+
+
+def test_bad_values_from_python_are_refused_before_anything_is_written(tmp_path):
+    import dataclasses
+
+    from torch_ntm.config import ConfigError
+
+    for change in ({"batch_size": 0}, {"lr": float("nan")}, {"momentum": 1.0}):
+        config = dataclasses.replace(tiny_config(), **change)
+        with pytest.raises(ConfigError, match="out of range"):
+            train(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()
+
+
+def test_preset_empty_and_seed_out_of_range_are_one_line(tmp_path, capsys):
+    assert "unknown preset ''" in one_line_error(capsys, train_argv(tmp_path / "a", "--preset",
+                                                                    ""))
+    assert "seed" in one_line_error(capsys, train_argv(tmp_path / "b", "--seed", "-2"))
+    assert not list(tmp_path.iterdir())
+
+
+def test_other_commands_check_their_values(run, tmp_path, capsys):
+    (tmp_path / "file").write_text("x")
+    cases = [
+        (["evaluate", str(run), "--sequences", "0"], "--sequences must be >= 1"),
+        (["evaluate", str(run), "--memory-size", "1000000000"], "memory_size=1000000000"),
+        (["plot", str(run), "--length", "-3"], "--length must be >= 1"),
+        (["plot", str(run), "--out", str(tmp_path / "file")], "exists and is not a directory"),
+        (["pretrained", "export", str(run), "x", "--dest", str(tmp_path / "file")],
+         "exists and is not a directory"),
+        (["curves", str(run), "--out", str(tmp_path)], "is a directory"),
+    ]
+    for argv, message in cases:
+        assert message in one_line_error(capsys, argv), argv
+    assert (tmp_path / "file").read_text() == "x"
+
+
+@pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage\n", b" \n", b"step,sequences,elapsed_s,"
+                                     b"split,cost_bits,bit_errors,perfect\n,,,,,,\n",
+                                     b"step,sequences,elapsed_s,split\nabc,1,2,val\n"])
+def test_an_unreadable_metrics_file_is_one_line(run, capsys, content):
+    (run / "metrics.csv").write_bytes(content)
+    before = snapshot(run)
+    err = one_line_error(capsys, ["curves", str(run), "--out", str(run.parent / "c.png")])
+    assert "metrics.csv" in err
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
+                                  "--no-progress", "--set", "max_sequences=8"])
+    assert "metrics.csv" in err
+    assert snapshot(run) == before
+
+
+# -- Signals: a checkpoint at the current step, then one line ---------------------------------
+
+def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(tmp_path, monkeypatch):
+    import signal
+
+    import torch
+
+    import torch_ntm.train as train_module
+    from torch_ntm.train import Interrupted
+
+    config = tiny_config("max_sequences=16", "eval_every=5", "log_every=1")
+    full = train(config, tmp_path / "full", progress=False)
+    calls = []
+    real_loss = train_module.masked_bce
+
+    def loss_then_signal(*args, **kwargs):  # the signal comes in the middle of step 3
+        calls.append(1)
+        if len(calls) == 3:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_loss(*args, **kwargs)
+
+    monkeypatch.setattr(train_module, "masked_bce", loss_then_signal)
+    with pytest.raises(Interrupted) as stopped:
+        train(config, tmp_path / "split", progress=False)
+    assert (stopped.value.step, stopped.value.signum) == (3, signal.SIGTERM)
+    assert load_checkpoint(tmp_path / "split").step == 3
+    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers put back
+    monkeypatch.setattr(train_module, "masked_bce", real_loss)
+    resumed = train(config, tmp_path / "split", resume=True, progress=False)
+    assert resumed.step == full.step == 8
+    a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "split")
+    for key, value in a.state_dict.items():
+        assert torch.equal(value, b.state_dict[key]), key
+    assert a.metrics == b.metrics
+
+
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, signame):
+    import signal
+    import time
+
+    out = tmp_path / "run"
+    argv = [*train_argv(out, "--set", "max_sequences=1000000", "--set", "eval_every=100000",
+                        "--set", "log_every=1")]
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([sys.executable, "-m", "torch_ntm", *argv], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:  # until it is training: a few rows in metrics.csv
+        csv = out / "metrics.csv"
+        if csv.exists() and len(csv.read_text().splitlines()) > 3:
+            break
+        time.sleep(0.1)
+    proc.send_signal(getattr(signal, signame))
+    err = proc.communicate(timeout=60)[1]
+    assert proc.returncode == 128 + getattr(signal, signame)
+    line = err.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("ntm: interrupted at step "), err
+    step = int(line[0].split("at step ")[1].split(";")[0])
+    assert line[0].endswith(f"checkpoint saved, resume with --resume {out}")
+    assert load_checkpoint(out).step == step > 0
+    done = ntm("train", "copy", "--resume", str(out), "--no-plots", "--no-progress",
+               "--set", f"max_sequences={2 * (step + 2)}")
+    assert done.returncode == 0, done.stderr
+    assert load_checkpoint(out).step == step + 2
+
+
+# -- Python API: the wrong dtype or state is a clear ValueError --------------------------------
+
+@pytest.mark.parametrize("engine", ["fast", "eager", "compiled"])
+@pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16", "float64"])
+def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
+    import torch
+
+    from torch_ntm import NTM
+
+    ntm = NTM(5, 4, controller_size=8, memory_size=8, memory_width=4, engine=engine)
+    x = torch.zeros(3, 2, 5, dtype=getattr(torch, dtype))
+    expected = f"expects input of dtype torch.float32 .*got torch.{dtype}"
+    with pytest.raises(ValueError, match=expected):
+        ntm(x)  # the compiled engine would compile first: the check comes before any engine
+
+
+@pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16"])
+def test_cell_input_of_another_dtype_names_expected_and_actual(dtype):
+    import torch
+
+    from torch_ntm.model import NTMCell
+
+    cell = NTMCell(5, 4, controller_size=8, memory_size=8, memory_width=4)
+    with pytest.raises(ValueError, match="NTMCell expects input of dtype torch.float32"):
+        cell(torch.zeros(2, 5, dtype=getattr(torch, dtype)))
+
+
+@pytest.mark.parametrize("engine", ["fast", "eager"])
+def test_a_state_from_another_controller_names_the_expected_shape(engine):
+    import torch
+
+    from torch_ntm import NTM
+
+    sizes = dict(memory_size=8, memory_width=4)
+    lstm = NTM(5, 4, controller_size=8, controller_layers=2, engine=engine, **sizes)
+    ff = NTM(5, 4, controller="feedforward", controller_size=8, engine=engine, **sizes)
+    wider = NTM(5, 4, controller_size=12, controller_layers=2, engine=engine, **sizes)
+    x = torch.zeros(3, 2, 5)
+    with pytest.raises(ValueError, match=r"state.controller must be \(h, c\), each of shape "
+                                         r"\[2, 2, 8\].*got \(\)"):
+        lstm(x, ff.initial_state(2))
+    with pytest.raises(ValueError, match=r"each of shape \[2, 2, 8\].*got \(a tensor of shape "
+                                         r"\[2, 2, 12\]"):
+        lstm(x, wider.initial_state(2))
+    with pytest.raises(ValueError, match=r"state.controller must be \(\) for a feed-forward"):
+        ff(x, lstm.initial_state(2))
+    _, state = lstm(x)  # a state the model itself returned still fits
+    lstm(x, state)
+
+
+def test_a_reader_racing_a_save_gets_the_new_checkpoint(run, monkeypatch):
+    """A training saves (and removes the old weights) between a reader's reading the record and
+    its weights: the reader follows the new record instead of reporting a missing file."""
+    import torch_ntm.checkpoint as module
+
+    ckpt = load_checkpoint(run)
+    real = module._load_tensors
+    raced = []
+
+    def save_first(path, sha256):
+        if not raced:
+            raced.append(path)
+            save_checkpoint(run, ckpt.config, ckpt.model(), step=9)
+        return real(path, sha256)
+
+    monkeypatch.setattr(module, "_load_tensors", save_first)
+    assert load_checkpoint(run).step == 9 and not raced[0].exists()
+
+
+def test_a_failure_while_rewriting_metrics_at_resume_keeps_the_old_rows(run, monkeypatch):
+    import csv
+
+    before = (run / "metrics.csv").read_bytes()
+
+    def fail(self, rows):
+        raise OSError("killed while writing metrics.csv")
+
+    monkeypatch.setattr(csv.DictWriter, "writerows", fail)
+    with pytest.raises(OSError, match="killed while writing"):
+        train(tiny_config("max_sequences=8"), run, resume=True, progress=False)
+    assert (run / "metrics.csv").read_bytes() == before
