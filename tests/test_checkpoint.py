@@ -31,7 +31,8 @@ def test_round_trip_restores_identical_outputs(tmp_path):
     x = torch.rand(7, 3, model.input_size)
     assert torch.equal(model(x)[0], again(x)[0])
     assert {p.name for p in (tmp_path / "run").glob("*.safetensors")} == {
-        "weights-00000002.safetensors", "train-state-00000002.safetensors"}
+        "weights-00000002.safetensors", "train-state-00000002.safetensors",
+        "best-00000002.safetensors"}
     assert not list((tmp_path / "run").glob("*.tmp"))  # no temporary file left behind
 
 
@@ -60,6 +61,38 @@ def test_resume_is_bit_identical(tmp_path, preset_args):
     assert a.metrics == b.metrics
     # The resumed run's metrics log equals the uninterrupted one's (but for wall-clock times).
     assert _rows_without_time(tmp_path / "split") == _rows_without_time(tmp_path / "full")
+
+
+def test_the_run_keeps_its_best_validation_and_resumes_with_it(tmp_path, monkeypatch):
+    """The model of a run (`Checkpoint.model`) is its best validation's, saved beside the latest
+    state; a resume starts from the latest state and still knows the best."""
+    import torch_ntm.train as module
+
+    script = iter([(5.0, 2.0), (3.0, 1.0), (9.0, 4.0), (8.0, 3.0), (2.0, 0.0), (7.0, 2.0)])
+    seen = []
+
+    def scripted(model, batches):
+        seen.append(params_of(model))
+        cost, errors = next(script)
+        return {"cost_bits": cost, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    train(tiny_config("max_sequences=48", "eval_every=1", "batch_size=16", "eval_sizes=",
+                      "rollback_bit_errors=-1"), tmp_path / "run", progress=False)
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert ckpt.best()[2]["bit_errors"] == 1.0 and ckpt.metrics["bit_errors"] == 4.0
+    for key, value in ckpt.model().state_dict().items():  # the best (2nd validation) ...
+        assert torch.equal(value, seen[1][key]), key
+    for key, value in ckpt.model(latest=True).state_dict().items():  # ... and the latest
+        assert torch.equal(value, seen[2][key]), key
+    # Resumed: validations 4-6 (3 bits, then 0, then 2): the best becomes the 5th.
+    train(tiny_config("max_sequences=96", "eval_every=1", "batch_size=16", "eval_sizes=",
+                      "rollback_bit_errors=-1"), tmp_path / "run", resume=True, progress=False)
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert ckpt.best()[2]["bit_errors"] == 0.0
+    for key, value in ckpt.model().state_dict().items():
+        assert torch.equal(value, seen[4][key]), key
+    assert [p.name for p in (tmp_path / "run").glob("best-*")] == ["best-00000006.safetensors"]
 
 
 def _rows_without_time(run):

@@ -82,7 +82,7 @@ def hostile_names(tmp_path):
                     "weights-1.safetensors/..", "", 7, None]
 
 
-@pytest.mark.parametrize("key", ["weights", "train_state"])
+@pytest.mark.parametrize("key", ["weights", "train_state", "best"])
 def test_a_record_naming_a_file_outside_the_run_is_refused(run, tmp_path, key):
     victim, names = hostile_names(tmp_path)
     for name in names:
@@ -90,6 +90,7 @@ def test_a_record_naming_a_file_outside_the_run_is_refused(run, tmp_path, key):
         with pytest.raises(CheckpointError, match=f"invalid checkpoint record \\({key} must be"):
             ckpt = load_checkpoint(run)
             ckpt.restore_train_state(_optimizer(ckpt))
+            ckpt.model()  # the best validation's weights
     assert victim.read_bytes() == b"the user's own file"
 
 
@@ -102,9 +103,10 @@ def _optimizer(ckpt):
 def test_saving_over_a_crafted_record_removes_nothing_outside_the_run(run, tmp_path):
     victim, names = hostile_names(tmp_path)
     ckpt = load_checkpoint(run)
+    model = ckpt.model()
     for name in names:
-        edit_record(run, weights=name, train_state=name)
-        save_checkpoint(run, ckpt.config, ckpt.model(), step=5)
+        edit_record(run, weights=name, train_state=name, best=name)
+        save_checkpoint(run, ckpt.config, model, step=5)
         assert victim.read_bytes() == b"the user's own file", name
 
 

@@ -66,9 +66,10 @@ PRE_CAP_CONFIG = {"max_beta": 0.0, "max_gamma": 0.0}
 LOCK = ".lock"  # held (flock) by the one process that writes the run
 # The only names a record may give for its files: plain names in the run directory.
 _FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
-               "train_state": re.compile(r"train-state-[0-9]+\.safetensors")}
+               "train_state": re.compile(r"train-state-[0-9]+\.safetensors"),
+               "best": re.compile(r"best-[0-9]+\.safetensors")}
 # Temporary files of `_atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
-_TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state)-[0-9]+"
+_TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state|best)-[0-9]+"
                         r"\.safetensors)\.[A-Za-z0-9_]+\.tmp")
 
 
@@ -166,9 +167,10 @@ def _cpu_contiguous(tensors: dict) -> dict:
     return {k: v.detach().to("cpu").contiguous() for k, v in tensors.items()}
 
 
-def _optimizer_split(optimizer: torch.optim.Optimizer) -> tuple[dict, dict]:
-    """Split an optimizer state_dict into tensors (for safetensors) and JSON-able rest."""
-    sd = optimizer.state_dict()
+def _optimizer_split(optimizer: torch.optim.Optimizer | dict) -> tuple[dict, dict]:
+    """Split an optimizer's state_dict (or the dict itself) into tensors (for safetensors) and
+    the JSON-able rest."""
+    sd = optimizer if isinstance(optimizer, dict) else optimizer.state_dict()
     tensors, scalars = {}, {}
     for idx, entries in sd["state"].items():
         for key, value in entries.items():
@@ -203,8 +205,13 @@ def save_checkpoint(
     elapsed_s: float = 0.0,
     metrics: dict | None = None,
     extra: dict | None = None,
+    best: tuple[dict, dict | None, dict] | None = None,
 ) -> Path:
-    """Write a checkpoint into ``run_dir`` atomically; returns the path of its JSON file."""
+    """Write a checkpoint into ``run_dir`` atomically; returns the path of its JSON file.
+
+    ``best`` is the run's best validation so far, ``(weights, optimizer state_dict or None,
+    metrics)``: saved beside the latest state, it is the model the run keeps (`Checkpoint.model`)
+    and what a resumed run's rollback returns to."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
@@ -233,8 +240,19 @@ def save_checkpoint(
         record["optimizer"] = meta
         record["train_state"] = state_name
         record["train_state_sha256"] = _sha256(run_dir / state_name)
+    if best is not None:
+        weights, optimizer_state, best_metrics = best
+        tensors = {f"model.{k}": v for k, v in weights.items()}
+        meta = None
+        if optimizer_state is not None:
+            optim_tensors, meta = _optimizer_split(optimizer_state)
+            tensors.update(optim_tensors)
+        best_name = f"best-{step:08d}.safetensors"
+        _atomic_write(run_dir / best_name, st_save(_cpu_contiguous(tensors)))
+        record.update(best=best_name, best_sha256=_sha256(run_dir / best_name),
+                      best_optimizer=meta, best_metrics=dict(best_metrics))
     _atomic_write(json_path, json.dumps(record, indent=2).encode())
-    _remove_superseded(run_dir, {record["weights"], record.get("train_state")})
+    _remove_superseded(run_dir, {record["weights"], record.get("train_state"), record.get("best")})
     return json_path
 
 
@@ -416,15 +434,35 @@ class Checkpoint:
     def task(self, **overrides):
         return build_task(self.config, **overrides)
 
-    def model(self, device=None, **overrides) -> nn.Module:
-        """Rebuild the model and load the weights; ``overrides`` such as ``memory_size=1024``."""
+    def model(self, device=None, *, latest: bool = False, **overrides) -> nn.Module:
+        """Rebuild the model the run keeps: the weights of its best validation where the run
+        recorded one, else (or with ``latest``) its latest weights. ``overrides`` such as
+        ``memory_size=1024``."""
         model = build_model(self.config, self.task(), device=device, **overrides)
-        self.load_weights_into(model)
+        best = None if latest else self.best()
+        self.load_weights_into(model, None if best is None else best[0])
         return model
 
-    def load_weights_into(self, model: nn.Module) -> None:
+    def best(self) -> tuple[dict, dict | None, dict] | None:
+        """The best validation the run recorded, ``(weights, optimizer state_dict or None,
+        metrics)``, or None (checkpoints of older versions, shipped models)."""
+        rec = self._record
+        if "best" not in rec:
+            return None
+        tensors = _load_tensors(*_file_name(self.path, rec, "best"))
+        weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        meta = rec.get("best_optimizer")
         try:
-            model.load_state_dict(self.state_dict)
+            optimizer = None if meta is None else _optimizer_join(tensors, meta)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise CheckpointError(f"{self.path}: invalid checkpoint record (best_optimizer: "
+                                  f"{e})") from None
+        return weights, optimizer, rec.get("best_metrics", {})
+
+    def load_weights_into(self, model: nn.Module, state_dict: dict | None = None) -> None:
+        """Load the latest weights (or ``state_dict``) into ``model``."""
+        try:
+            model.load_state_dict(self.state_dict if state_dict is None else state_dict)
         except RuntimeError as e:
             first = str(e).strip().splitlines()
             detail = first[1].strip() if len(first) > 1 else first[0]
@@ -497,9 +535,12 @@ def _check_record(rec: dict) -> None:
     elapsed = rec.get("elapsed_s", 0.0)
     if not _number(elapsed) or not elapsed >= 0:
         raise ConfigError(f"elapsed_s must be a number >= 0, got {str(elapsed)[:80]!r}")
-    metrics = rec.get("metrics", {})
-    if not isinstance(metrics, dict) or not all(map(_number, metrics.values())):
-        raise ConfigError(f"metrics must be an object of numbers, got {str(metrics)[:80]}")
+    for key in ("metrics", "best_metrics"):
+        metrics = rec.get(key, {})
+        if not isinstance(metrics, dict) or not all(map(_number, metrics.values())):
+            raise ConfigError(f"{key} must be an object of numbers, got {str(metrics)[:80]}")
+    if not isinstance(rec.get("best_optimizer"), (dict, type(None))):
+        raise ConfigError("best_optimizer must be an object or null")
     extra = rec.get("extra", {})
     if not isinstance(extra, dict) or not all(
             isinstance(v, (int, float, bool)) or (isinstance(v, list) and all(map(_number, v)))

@@ -217,7 +217,7 @@ def _score(metrics: dict) -> tuple:
 class _Best(BestWeights):
     """`BestWeights` ordered by `_score`, which also remembers the best validation's metrics.
 
-    After a resume the best starts again from the checkpoint (the best before it is not saved).
+    Saved with every checkpoint, so that a resumed run keeps (and rolls back to) the same best.
     """
 
     def __init__(self, model: nn.Module, optimizer: torch.optim.Optimizer):
@@ -239,6 +239,13 @@ class _Best(BestWeights):
     def restore(self) -> dict:
         super().restore()
         return dict(self.metrics)
+
+    def saved(self) -> tuple[dict, dict | None, dict] | None:
+        """What `save_checkpoint` keeps of it (None before the first validation)."""
+        state = self.state_dict()
+        if state["weights"] is None:
+            return None
+        return state["weights"], state["optimizer"], self.metrics
 
 
 def _progress(total: int, initial: int, enabled: bool | None):
@@ -308,7 +315,12 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                                            seed=GENERAL_SEED) for size in config.eval_sizes}
 
     best = _Best(model, optimizer)
-    if last_val:
+    kept = ckpt.best() if resume else None
+    if kept is not None:  # the run's best so far, saved beside its latest state
+        weights, optimizer_state, best.metrics = kept
+        best.load_state_dict({"score": _score(best.metrics), "weights": weights,
+                              "optimizer": optimizer_state})
+    elif last_val:
         best.offer(last_val)
 
     def validate() -> dict:
@@ -352,7 +364,8 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                             extra={"nan_steps": nan_steps, "streak": streak,
                                    "lr_decayed": lr_decayed, "rollbacks": rollbacks,
                                    "recent_grad_norms": [] if spikes is None
-                                   else list(spikes.norms)})
+                                   else list(spikes.norms)},
+                            best=best.saved())
 
     bar = _progress(config.max_sequences, sequences, progress if world.main else False)
     converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals

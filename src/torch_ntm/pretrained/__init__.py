@@ -95,7 +95,8 @@ def export(run_dir: str | os.PathLike, name: str,
            dest: str | os.PathLike | None = None) -> Path:
     """Write a weights-only copy of a run's checkpoint as model ``name``.
 
-    The copy keeps the run's config, step, sequences, training time and last validation metrics;
+    The copy keeps the run's config, step, sequences and training time, and the weights and
+    metrics of its best validation (of its last, for checkpoints that recorded no best);
     an existing model of that name is replaced (atomically, as any checkpoint).
 
     Args:
@@ -112,6 +113,7 @@ def export(run_dir: str | os.PathLike, name: str,
     if dest is not None and Path(dest).exists() and not Path(dest).is_dir():
         raise ConfigError(f"--dest {dest}: exists and is not a directory")
     ckpt = load_checkpoint(run_dir)
+    best = ckpt.best()  # the run's model is its best validation's, where it recorded one
     return save_checkpoint(_root(dest) / name, ckpt.config, ckpt.model(), step=ckpt.step,
                            sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
-                           metrics=ckpt.metrics)
+                           metrics=ckpt.metrics if best is None else best[2])
