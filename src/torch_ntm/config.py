@@ -207,7 +207,7 @@ PRESETS: dict[str, dict[str, dict]] = {
             # Adam with spikes clipped (docs/stability.md); stop when L <= 20, 40
             # and 120 are all solved, and keep the weights that did best on all three.
             "optimizer": "adam", "lr": 3e-3, "batch_size": 16, "clip_value": 0.0,
-            "clip_norm": 10.0, "clip_spikes": 2.0, "stop_bit_errors": 0.0, "patience_evals": 2,
+            "clip_norm": 1.0, "clip_spikes": 2.0, "stop_bit_errors": 0.0, "patience_evals": 2,
             "eval_sizes": [40, 120], "max_sequences": 60_000, "eval_every": 100,
             "rollback_bit_errors": 1.0, "lr_decay": 0.3,
         },

@@ -107,7 +107,8 @@ class SpikeClip:
             consumed once).
         factor: clip at this multiple of the median recent norm.
         window: how many recent norms the median is taken over.
-        max_norm: an absolute clip as well, and the only one during the first ``warmup`` steps.
+        max_norm: an absolute clip as well, and the only one during the first ``warmup`` steps
+            (1: a typical gradient of a solved copy model; Adam is indifferent to the scale).
         warmup: steps before the relative clip starts (the median needs a few norms).
 
     Returns (on call): the total gradient norm before clipping (a tensor, as
@@ -116,7 +117,7 @@ class SpikeClip:
     """
 
     def __init__(self, parameters: Iterable[torch.Tensor], factor: float = 2.0,
-                 window: int = 100, max_norm: float = 10.0, warmup: int = 10) -> None:
+                 window: int = 100, max_norm: float = 1.0, warmup: int = 10) -> None:
         if not factor >= 1.0 or not max_norm > 0 or window < 1 or warmup < 1:
             raise ValueError("SpikeClip needs factor >= 1, max_norm > 0, window >= 1 and "
                              f"warmup >= 1; got factor={factor}, max_norm={max_norm}, "
