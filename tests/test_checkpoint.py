@@ -45,7 +45,7 @@ def test_round_trip_restores_identical_outputs(tmp_path):
 def test_resume_is_bit_identical(tmp_path, preset_args):
     steps = 8
     config = tiny_config(*preset_args, "batch_size=4", f"max_sequences={4 * steps}", "eval_every=2")
-    full = train(config, tmp_path / "full", progress=False)
+    train(config, tmp_path / "full", progress=False)
 
     half = tiny_config(*preset_args, "batch_size=4", f"max_sequences={4 * steps // 2}",
                        "eval_every=2")

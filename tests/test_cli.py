@@ -68,8 +68,10 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("argv, message", [
-    (["train", "copy", "--set", "colour=red"], "ntm: error: --set colour: unknown key; valid keys:"),
-    (["train", "copy", "--set", "lr=fast"], "ntm: error: --set lr=fast: expected a value of type float"),
+    (["train", "copy", "--set", "colour=red"],
+     "ntm: error: --set colour: unknown key; valid keys:"),
+    (["train", "copy", "--set", "lr=fast"],
+     "ntm: error: --set lr=fast: expected a value of type float"),
     (["train", "copy", "--preset", "huge"], "ntm: error: unknown preset 'huge' for task 'copy'"),
     (["evaluate", "/nonexistent/run"], "ntm: error: /nonexistent/run: no such checkpoint"),
     (["train", "copy", "--set", "engine=turbo"],

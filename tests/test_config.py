@@ -19,7 +19,8 @@ def test_every_task_has_the_four_presets_and_they_resolve():
 
 def test_paper_presets_follow_the_papers_tables():
     paper = resolve_config("copy", "ntm-lstm-paper")
-    assert (paper.optimizer, paper.lr, paper.momentum, paper.batch_size) == ("rmsprop", 1e-4, 0.9, 1)
+    assert (paper.optimizer, paper.lr, paper.momentum, paper.batch_size) == (
+        "rmsprop", 1e-4, 0.9, 1)
     assert (paper.controller_size, paper.memory_size, paper.memory_width) == (100, 128, 20)
     assert paper.clip_value == 10.0
     lstm = resolve_config("copy", "lstm")
@@ -47,18 +48,22 @@ def test_override_with_wrong_type_names_key_and_type():
 
 
 def test_unknown_key_is_rejected_with_the_valid_keys():
-    with pytest.raises(ConfigError, match=r"--set learning_rate: unknown key; valid keys: .*\blr\b"):
+    with pytest.raises(ConfigError,
+                       match=r"--set learning_rate: unknown key; valid keys: .*\blr\b"):
         resolve_config("copy", overrides=["learning_rate=1"])
-    with pytest.raises(ConfigError, match=r"task 'copy' has no parameter 'items'; valid: .*task.max_length"):
+    with pytest.raises(ConfigError,
+                       match=r"task 'copy' has no parameter 'items'; valid: .*task.max_length"):
         resolve_config("copy", overrides=["task.items=3"])
     with pytest.raises(ConfigError, match="expects key=value"):
         resolve_config("copy", overrides=["lr"])
 
 
 def test_unknown_task_and_preset_list_valid_choices():
-    with pytest.raises(ConfigError, match="unknown task 'sort'; valid tasks: associative_recall, copy"):
+    with pytest.raises(ConfigError,
+                       match="unknown task 'sort'; valid tasks: associative_recall, copy"):
         resolve_config("sort")
-    with pytest.raises(ConfigError, match="unknown preset 'big' for task 'copy'; valid presets: ntm-lstm"):
+    with pytest.raises(ConfigError,
+                       match="unknown preset 'big' for task 'copy'; valid presets: ntm-lstm"):
         resolve_config("copy", "big")
 
 

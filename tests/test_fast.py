@@ -9,7 +9,8 @@ from torch_ntm.fast import FastNTM, make_fast
 CONFIGS = {
     "paper": {},
     "multi-head": {"read_heads": 2, "write_heads": 2},
-    "deep-lstm": {"controller_layers": 2, "shift_range": 2, "write_heads": 3, "memory_init": "learned"},
+    "deep-lstm": {"controller_layers": 2, "shift_range": 2, "write_heads": 3,
+                  "memory_init": "learned"},
     "feedforward": {"controller": "feedforward", "controller_layers": 2, "read_heads": 2},
     "read-only": {"write_heads": 0, "shift_range": 0},
     "random-memory": {"memory_init": "random", "batch_first": True},
@@ -168,12 +169,13 @@ def test_fast_forward_function_matches_eager():
     from torch_ntm.fast import fast_forward
 
     eager = _run(_eager(model), model, x)
-    _assert_same(eager, _run(lambda x, s: fast_forward(model, x, s), model, x), rtol=1e-10, atol=1e-12)
+    fast = _run(lambda x, s: fast_forward(model, x, s), model, x)
+    _assert_same(eager, fast, rtol=1e-10, atol=1e-12)
     with torch.no_grad():  # parameters changed in place: the cached layout still sees them
         for p in model.parameters():
             p.add_(0.01)
-    _assert_same(_run(_eager(model), model, x), _run(lambda x, s: fast_forward(model, x, s), model, x),
-                 rtol=1e-10, atol=1e-12)
+    fast = _run(lambda x, s: fast_forward(model, x, s), model, x)
+    _assert_same(_run(_eager(model), model, x), fast, rtol=1e-10, atol=1e-12)
 
 
 def test_bench_records_and_table():

@@ -1,4 +1,4 @@
-"""Stability tools: soft caps on beta and gamma, diagnostics, `BestWeights`, generalisation stops."""
+"""Stability tools: soft caps on beta and gamma, diagnostics, `BestWeights`, `SpikeClip`."""
 
 import math
 

@@ -99,14 +99,16 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
             "engine=fast", "lr=0.01", "lr_decay=0.25"]
 
     def lr_of(run):
-        return json.loads((run / "checkpoint.json").read_text())["optimizer"]["param_groups"][0]["lr"]
+        record = json.loads((run / "checkpoint.json").read_text())
+        return record["optimizer"]["param_groups"][0]["lr"]
 
     # A threshold every validation meets: decayed at the first one, and never again (also not
     # after a resume, which restores the decayed rate with the optimizer state).
     met = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=1e9", "max_sequences=8"])
     train(met, tmp_path / "met", progress=False)
     assert lr_of(tmp_path / "met") == pytest.approx(0.0025)
-    longer = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=1e9", "max_sequences=16"])
+    longer = resolve_config("copy",
+                            overrides=[*tiny, "lr_decay_bit_errors=1e9", "max_sequences=16"])
     train(longer, tmp_path / "met", resume=True, progress=False)
     assert lr_of(tmp_path / "met") == pytest.approx(0.0025)
     # Resumed with a new lr: it replaces the current (decayed) rate.

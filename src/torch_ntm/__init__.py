@@ -1,8 +1,10 @@
 """torch-ntm: Neural Turing Machines for PyTorch (Graves, Wayne & Danihelka 2014)."""
 
-from torch_ntm import functional
+from torch_ntm import (
+    functional,
+    pretrained,  # noqa: E402 (needs the modules above)
+)
 from torch_ntm.model import NTM, NTMCell, NTMState, NTMTrace
-from torch_ntm import pretrained  # noqa: E402 (needs the modules above)
 
 __all__ = ["NTM", "NTMCell", "NTMState", "NTMTrace", "functional", "pretrained"]
 __version__ = "0.1.0"

@@ -1,4 +1,5 @@
-"""The paper's LSTM baseline (a stack of LSTM layers and a linear read-out), same interface as `NTM`."""
+"""The paper's LSTM baseline: a stack of LSTM layers and a linear read-out, with `NTM`'s
+interface."""
 
 from __future__ import annotations
 
@@ -9,7 +10,8 @@ __all__ = ["LSTMBaseline"]
 
 
 class LSTMBaseline(nn.Module):
-    """``nn.LSTM`` + ``nn.Linear`` with forget-gate bias 1; ``forward(x, state) -> (logits, state)``.
+    """``nn.LSTM`` + ``nn.Linear`` with forget-gate bias 1;
+    ``forward(x, state) -> (logits, state)``.
 
     Args:
         input_size, output_size: widths of each input and output step.

@@ -36,7 +36,8 @@ def _parser() -> argparse.ArgumentParser:
     p = sub.add_parser("train", help="train a model on a task")
     p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
                    help=f"one of: {', '.join(sorted(TASKS))}")
-    p.add_argument("--preset", default=None, help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm")
+    p.add_argument("--preset", default=None,
+                   help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable); task.KEY for task parameters")
     p.add_argument("--out", default=None,
@@ -117,8 +118,7 @@ def _cmd_train(args) -> int:
     import contextlib
     import dataclasses
 
-    from torch_ntm.checkpoint import (build_model, build_task, clear_run, load_checkpoint,
-                                      lock_run)
+    from torch_ntm.checkpoint import build_model, build_task, clear_run, load_checkpoint, lock_run
     from torch_ntm.config import ConfigError, apply_overrides, resolve_config
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 writes
@@ -133,7 +133,8 @@ def _cmd_train(args) -> int:
             raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
         config = apply_overrides(ckpt.config, args.overrides)
         frozen = [f.name for f in dataclasses.fields(config)
-                  if f.name not in _RESUMABLE and getattr(config, f.name) != getattr(ckpt.config, f.name)]
+                  if f.name not in _RESUMABLE
+                  and getattr(config, f.name) != getattr(ckpt.config, f.name)]
         if frozen:
             raise ConfigError(f"--resume cannot change {', '.join(frozen)}; only "
                               f"{', '.join(sorted(_RESUMABLE))} may be changed when resuming")

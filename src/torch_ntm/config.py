@@ -97,7 +97,8 @@ class TrainConfig:
         unknown = sorted(set(data) - valid)
         if unknown:
             raise ConfigError(
-                f"{source}: unknown key(s) {', '.join(unknown)}; valid keys: {', '.join(sorted(valid))}"
+                f"{source}: unknown key(s) {', '.join(unknown)}; "
+                f"valid keys: {', '.join(sorted(valid))}"
             )
         config = cls(**data)
         config.check(source)

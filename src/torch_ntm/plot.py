@@ -75,7 +75,8 @@ def plot_io(inputs, targets, outputs, mask, path: Path) -> Path:
     masked_out = outputs * mask[:, None]
     for ax, data, title in zip(axes, (inputs, targets, masked_out),
                                ("input", "target", "output (where scored)")):
-        ax.imshow(data.T.cpu().numpy(), aspect="auto", cmap="gray_r", vmin=0, vmax=1, interpolation="nearest")
+        ax.imshow(data.T.cpu().numpy(), aspect="auto", cmap="gray_r", vmin=0, vmax=1,
+                  interpolation="nearest")
         ax.set_ylabel("channel")
         ax.set_title(title, fontsize=10)
     axes[-1].set_xlabel("time step")
@@ -113,15 +114,16 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
     """Memory rows in use at ``snapshots`` evenly spaced time steps."""
     plt = _pyplot()
     memory = trace.memory[:, 0]  # (T, N, M)
-    weights = trace.write_weights[:, 0, 0] if trace.write_weights.shape[2] else trace.read_weights[:, 0, 0]
+    weights = (trace.write_weights[:, 0, 0] if trace.write_weights.shape[2]
+               else trace.read_weights[:, 0, 0])
     rows = _visited_rows(weights)
     steps = sorted({round(i * (memory.shape[0] - 1) / (snapshots - 1)) for i in range(snapshots)})
     lim = float(memory[:, rows].abs().max()) or 1.0
     fig, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 4.5), squeeze=False,
                              layout="constrained")
     for ax, t in zip(axes[0], steps):
-        im = ax.imshow(memory[t, rows].cpu().numpy(), aspect="auto", cmap="RdBu_r", vmin=-lim, vmax=lim,
-                       origin="lower", interpolation="nearest")
+        im = ax.imshow(memory[t, rows].cpu().numpy(), aspect="auto", cmap="RdBu_r", vmin=-lim,
+                       vmax=lim, origin="lower", interpolation="nearest")
         ax.set_title(f"memory after step {t}", fontsize=10)
         ax.set_xlabel("column")
         _row_axis(ax, rows)
@@ -177,7 +179,8 @@ def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val"
         if not rows:
             from torch_ntm.checkpoint import CheckpointError
 
-            raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv (not a run directory?)")
+            raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv "
+                                  f"(not a run directory?)")
         curves.append((label, "-" if split == "train" else ".-", rows))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)

@@ -32,8 +32,13 @@ import threading
 import time
 from pathlib import Path
 
-from torch_ntm.checkpoint import (CHECKPOINT_JSON, CheckpointError, build_model, build_task,
-                                  load_checkpoint)
+from torch_ntm.checkpoint import (
+    CHECKPOINT_JSON,
+    CheckpointError,
+    build_model,
+    build_task,
+    load_checkpoint,
+)
 from torch_ntm.config import ConfigError, resolve_config
 
 __all__ = ["run_sweep", "summarise", "format_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO"]
@@ -281,7 +286,8 @@ def summarise(run_dirs, threshold: float = 0.0) -> dict:
 
     Returns:
         ``seeds``: one dict per run, in order: ``seed``, ``run_dir``, ``complete`` (its
-        checkpoint holds the whole ``max_sequences`` budget), ``converged``, ``converged_sequences`` and ``converged_s`` (sequences and training
+        checkpoint holds the whole ``max_sequences`` budget), ``converged``,
+        ``converged_sequences`` and ``converged_s`` (sequences and training
         seconds at the first converged validation, or None), ``collapsed`` (not rolled back),
         ``rolled_back`` (how many times the trainer restored its best weights), ``diverged``,
         ``nan_steps`` (skipped updates), ``final_bit_errors`` (last validation, or None);

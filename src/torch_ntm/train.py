@@ -25,10 +25,9 @@ import torch
 from torch import nn
 
 from torch_ntm.checkpoint import (
-    CheckpointError,
+    _atomic_write,
     build_model,
     build_task,
-    _atomic_write,
     load_checkpoint,
     lock_run,
     read_metrics,
