@@ -1,6 +1,11 @@
 """Seed sweeps: the report from hand-written run directories, and one real tiny sweep."""
 
 import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -286,3 +291,36 @@ def test_a_stopped_sweep_reports_the_seeds_that_finished(tmp_path, monkeypatch, 
     report = json.loads((out / "report.json").read_text())
     assert report["exit_codes"] == {"0": 0} and report["num_seeds"] == 3
     assert (out / "report.md").exists()
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_a_killed_sweep_takes_its_trainings_with_it(tmp_path):
+    """SIGKILL cannot be caught, so the sweep cannot stop its children itself: the kernel sends
+    each one SIGTERM when the sweep dies, and it saves a checkpoint and exits."""
+    out = tmp_path / "sweep"
+    sweep = subprocess.Popen([sys.executable, "-m", "torch_ntm", "sweep", "copy", "--seeds", "1",
+                              "--jobs", "1", "--sequences", "10000000", "--out", str(out), *TINY],
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+    def children() -> list[int]:
+        found = []
+        for pid in filter(str.isdigit, os.listdir("/proc")):
+            try:
+                cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+            except OSError:
+                continue
+            if b"train" in cmdline and str(out).encode() in cmdline and state != "Z":
+                found.append(int(pid))
+        return found
+
+    deadline = time.monotonic() + 60
+    while not (out / "seed-0" / "metrics.csv").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert children(), "the sweep's training did not start"
+    sweep.kill()
+    sweep.wait()
+    deadline = time.monotonic() + 30
+    while children() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not children()

@@ -140,7 +140,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None =
                     # once (SIGTERM: each saves a checkpoint that a continued sweep resumes).
                     proc = subprocess.Popen(command(seed, run_dir), stdout=log,
                                             stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True)
+                                            start_new_session=True,
+                                            preexec_fn=_terminate_with_parent)
                 running[seed] = (proc, time.perf_counter())
                 echo(f"seed {seed}: {'resumed' if seed in done else 'started'} ({run_dir})")
             time.sleep(0.1)
@@ -208,6 +209,17 @@ class _SigtermAsExit:
     def restore(self) -> None:
         if self.previous is not None:
             signal.signal(signal.SIGTERM, self.previous)
+
+
+def _terminate_with_parent() -> None:
+    """In a child, before it runs: on Linux, have the kernel send it SIGTERM when the sweep
+    dies, even by SIGKILL (which the sweep cannot catch to stop its children); the child then
+    saves a checkpoint and exits. Elsewhere a no-op."""
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        PR_SET_PDEATHSIG = 1
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
 def _finite(value):
