@@ -115,6 +115,7 @@ class TrainConfig:
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
         self.check_choices(source)
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
+        check_sequence_steps(self, source)
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
@@ -162,6 +163,34 @@ _RANGES = {
 # One batch of memory matrices (float32) above this is a typo, not a plan: the run would only
 # fail later for lack of memory (validation and evaluation use batches of at least 64).
 MAX_MEMORY_BYTES = 4 << 30
+
+
+# A training or validation sequence longer than this is a typo, not a plan: an NTM runs its
+# controller and every head once per step, so a batch of such sequences takes minutes on a CPU
+# before training says anything.
+MAX_SEQUENCE_STEPS = 10_000
+
+
+def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
+    """Raise `ConfigError` if the task's longest training sequence, or one at ``eval_sizes``,
+    has more than `MAX_SEQUENCE_STEPS` time steps."""
+    import torch
+
+    from torch_ntm.tasks import make_task
+
+    try:
+        task = make_task(config.task, **config.task_params)
+    except (ValueError, TypeError):
+        return  # the task's own error, raised where the task is built, says more
+    for size in (task.train_size, *config.eval_sizes):
+        sample = task.with_size(size).sample(1, torch.Generator().manual_seed(0))
+        steps = sample.inputs.shape[0]
+        if steps > MAX_SEQUENCE_STEPS:
+            what = "training" if size == task.train_size else f"eval_sizes={size}"
+            raise ConfigError(
+                f"{source}: a {config.task} sequence of {task.size_name} {size} ({what}) takes "
+                f"{steps:,} steps, more than {MAX_SEQUENCE_STEPS:,}: lower the size (e.g. "
+                f"task.max_length) or the eval_sizes")
 
 
 def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
