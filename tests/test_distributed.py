@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from torch_ntm.checkpoint import build_model, load_checkpoint
+from torch_ntm.runlog import read_metrics
 
 ARGS = ["train", "copy", "--no-plots", "--no-progress", "--set", "task.max_length=4",
         "--set", "task.width=4", "--set", "memory_size=12", "--set", "memory_width=6",
@@ -42,8 +43,8 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert moved > 1e-2
 
     def train_costs(run):
-        rows = (tmp_path / run / "metrics.csv").read_text().splitlines()[1:]
-        return [float(r.split(",")[4]) for r in rows if ",train," in r]
+        return [float(r["cost_bits"]) for r in read_metrics(tmp_path / run / "metrics.csv",
+                                                            "train")]
 
     # The logged training cost is all-reduced over the ranks: the same as one process's.
     assert len(train_costs("one")) == 4

@@ -17,6 +17,7 @@ import pytest
 from torch_ntm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from torch_ntm.cli import main
 from torch_ntm.config import resolve_config
+from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 
 SRC = os.environ.get("FAULTS_SRC") or str(Path(__file__).resolve().parents[1] / "src")
@@ -229,8 +230,7 @@ def test_overwrite_replaces_the_runs_files_and_keeps_the_others(run, capsys):
     assert (run / "notes.txt").read_text() == "mine"
     assert load_checkpoint(run).sequences == 2
     assert not old_weights & {p.name for p in run.glob("weights-*")}
-    rows = (run / "metrics.csv").read_text().splitlines()
-    assert all(r.split(",")[1] in ("sequences", "2") for r in rows)  # no row of the old run
+    assert {r["sequences"] for r in read_metrics(run / "metrics.csv")} == {"2"}  # none old
 
 
 @pytest.mark.parametrize("out", ["", "  ", "."])
@@ -435,6 +435,109 @@ def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, 
                "--set", f"max_sequences={2 * (step + 2)}")
     assert done.returncode == 0, done.stderr
     assert load_checkpoint(out).step == step + 2
+
+
+# -- SIGKILL: at random moments and inside saves, then resume: bit-identical -------------------
+
+KILLED = TINY_SET + ["--set", "log_every=1", "--set", "eval_every=3"]
+# The child of the kill-in-a-save test: SIGKILL itself at the K-th os.replace (every file of a
+# checkpoint, and metrics.csv, is written to a temporary name and renamed into place), WHEN
+# "before" (the temporary file is complete, not yet renamed) or "after" the rename.
+KILL_AT_REPLACE = """
+import os, signal, sys
+from torch_ntm.cli import main
+k, when, calls, real = int(sys.argv[1]), sys.argv[2], [], os.replace
+def replace(*args, **kwargs):
+    calls.append(args)
+    if len(calls) == k and when == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    real(*args, **kwargs)
+    if len(calls) == k and when == "after":
+        os.kill(os.getpid(), signal.SIGKILL)
+os.replace = replace
+sys.exit(main(sys.argv[3:]))
+"""
+
+
+def restart_argv(out: Path, budget: int) -> list[str]:
+    """What a user runs after a crash: resume if a checkpoint was written, else start over."""
+    budget_set = ["--set", f"max_sequences={budget}"]
+    if not (out / "checkpoint.json").exists():
+        return train_argv(out, *KILLED, "--overwrite", *budget_set)
+    return ["train", "copy", "--resume", str(out), "--no-plots", "--no-progress", *budget_set]
+
+
+def assert_same_run(a: Path, b: Path) -> None:
+    import torch
+
+    first, second = load_checkpoint(a), load_checkpoint(b)
+    assert first.step == second.step
+    for key, value in first.state_dict.items():
+        assert torch.equal(value, second.state_dict[key]), key
+    assert first.metrics == second.metrics and first.best()[2] == second.best()[2]
+
+
+def logged_step(out: Path) -> int:
+    """The step of the last complete row in ``out/metrics.csv`` (-1 before the first)."""
+    try:
+        lines = (out / "metrics.csv").read_bytes().split(b"\n")[1:-1]
+    except OSError:
+        return -1
+    return int(lines[-1].split(b",")[0]) if lines else -1
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run the killed ones must end equal to: 24 steps, validated every 3."""
+    out = tmp_path_factory.mktemp("kills") / "full"
+    assert main(train_argv(out, *KILLED, "--set", "max_sequences=48")) == 0
+    return out
+
+
+def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, uninterrupted):
+    import random
+    import signal
+    import time
+
+    rng = random.Random(7)
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    argv = train_argv(out, *KILLED, "--set", "max_sequences=48")
+    for attempt in range(4):  # killed three times at random steps, then left to finish
+        done = load_checkpoint(out).step if (out / "checkpoint.json").exists() else 0
+        target = rng.randint(done + 1, 23)  # a step of the 24, plus a moment
+        proc = subprocess.Popen([sys.executable, "-m", "torch_ntm", *argv], env=env,
+                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+        deadline = time.monotonic() + 120
+        while attempt < 3 and proc.poll() is None and time.monotonic() < deadline:
+            if logged_step(out) >= target:
+                time.sleep(rng.uniform(0, 0.02))
+                proc.send_signal(signal.SIGKILL)
+                break
+            time.sleep(0.002)
+        proc.wait(timeout=120)
+        assert proc.returncode == (0 if attempt == 3 else -signal.SIGKILL), proc.stderr.read()
+        argv = restart_argv(out, 48)
+    assert_same_run(uninterrupted, out)
+
+
+@pytest.mark.parametrize("k, when", [
+    (2, "before"),  # the first save's weights file, before its rename: no checkpoint yet
+    (5, "after"),  # the first checkpoint.json renamed, superseded files not yet removed
+    (6, "after"), (7, "after"),  # the second save: its weights, its training state
+    (9, "before")])  # its checkpoint.json, complete under its temporary name
+def test_sigkill_inside_a_save_then_resume_is_bit_identical(tmp_path, uninterrupted, k, when):
+    import signal
+
+    out = tmp_path / "run"
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    killed = subprocess.run([sys.executable, "-c", KILL_AT_REPLACE, str(k), when,
+                             *train_argv(out, *KILLED, "--set", "max_sequences=48")],
+                            env=env, capture_output=True, text=True, timeout=120)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert main(restart_argv(out, 48)) == 0
+    assert_same_run(uninterrupted, out)
+    assert not list(out.glob("*.tmp"))  # the temporary files of the killed save are gone
 
 
 # -- Python API: the wrong dtype or state is a clear ValueError --------------------------------

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from torch_ntm.cli import main
+from torch_ntm.runlog import read_metrics
 from torch_ntm.sweep import format_report, summarise
 
 HEADER = "step,sequences,elapsed_s,split,cost_bits,bit_errors,perfect"
@@ -184,8 +185,8 @@ def test_a_sweep_run_again_reuses_complete_seeds_and_resumes_the_others(tmp_path
         log = (out / f"seed-{seed}" / "train.log").read_text()
         assert "stopped (budget) after 32 sequences" in log  # the first part is kept
         assert "stopped (budget) after 80 sequences" in log
-        rows = (out / f"seed-{seed}" / "metrics.csv").read_text().splitlines()
-        assert [r.split(",")[0] for r in rows if ",val," in r] == ["2", "5"]
+        rows = read_metrics(out / f"seed-{seed}" / "metrics.csv", "val")
+        assert [r["step"] for r in rows] == ["2", "5"]
     capsys.readouterr()
 
     def no_training(*args, **kwargs):

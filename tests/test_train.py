@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from torch_ntm.config import resolve_config
+from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 
 
@@ -23,8 +24,8 @@ def test_tiny_copy_is_solved(tmp_path):
     assert result.metrics["bit_errors"] == 0 and result.metrics["perfect"] == 1.0
     assert result.nan_steps == 0
     # The learning curve fell: validation cost at the end is far below the first validation's.
-    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
-    val_costs = [float(r[4]) for r in rows if r[3] == "val"]
+    val_costs = [float(r["cost_bits"]) for r in read_metrics(tmp_path / "run" / "metrics.csv",
+                                                            "val")]
     assert val_costs[-1] < 0.05 * val_costs[0]
 
 
@@ -35,8 +36,7 @@ def test_other_presets_train_and_reduce_the_loss(tmp_path, preset):
         "controller_size=16", "controller_layers=1", "lr=1e-2", "batch_size=16",
         "eval_every=60", "max_sequences=960", "log_every=10", "engine=fast"], seed=0)
     result = train(config, tmp_path / "run", progress=False)
-    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
-    train_costs = [float(r[4]) for r in rows if r[3] == "train"]
+    train_costs = _train_costs(tmp_path / "run")
     assert train_costs[-1] < 0.7 * train_costs[0]
     assert math.isfinite(result.metrics["cost_bits"])
 
@@ -65,8 +65,7 @@ def test_a_non_finite_loss_skips_the_update(tmp_path, monkeypatch):
 
 
 def _train_costs(run_dir):
-    rows = [r.split(",") for r in (run_dir / "metrics.csv").read_text().splitlines()[1:]]
-    return [float(r[4]) for r in rows if r[3] == "train"]
+    return [float(r["cost_bits"]) for r in read_metrics(run_dir / "metrics.csv", "train")]
 
 
 def test_the_default_compiled_engine_trains_like_the_fast_and_eager_engines(tmp_path):
@@ -164,8 +163,8 @@ def test_a_converged_model_that_falls_apart_is_rolled_back_to_its_best(tmp_path,
     assert ckpt.metrics == result.metrics == {"cost_bits": 4.0, "bit_errors": 0.0, "perfect": 1.0}
     lr = json.loads((tmp_path / "run" / "checkpoint.json").read_text())
     assert lr["optimizer"]["param_groups"][0]["lr"] == pytest.approx(0.01 * 0.25 ** 2)
-    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
-    assert [(r[0], r[3], r[5]) for r in rows if r[3] != "train"] == [
+    rows = read_metrics(tmp_path / "run" / "metrics.csv")
+    assert [(r["step"], r["split"], r["bit_errors"]) for r in rows if r["split"] != "train"] == [
         ("1", "val", "0.5"), ("2", "val", "0"), ("3", "val", "9"), ("3", "rollback", "0"),
         ("4", "val", "nan"), ("4", "rollback", "0")]
 
@@ -181,7 +180,7 @@ def test_no_rollback_when_off_unarmed_or_within_the_margin(tmp_path, monkeypatch
     config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=4", *overrides])
     result = train(config, tmp_path / "run", progress=False)
     assert result.metrics["bit_errors"] == script[-1][1]
-    assert "rollback" not in (tmp_path / "run" / "metrics.csv").read_text()
+    assert not read_metrics(tmp_path / "run" / "metrics.csv", "rollback")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
@@ -194,8 +193,7 @@ def test_training_on_cuda_reduces_the_loss_and_resumes(tmp_path, engine):
         "controller_size=32", "lr=1e-2", "batch_size=16", "eval_every=50", "log_every=10",
         "max_sequences=3200", f"engine={engine}", "device=cuda"], seed=0)
     result = train(config, tmp_path / "run", progress=False)
-    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
-    train_costs = [float(r[4]) for r in rows if r[3] == "train"]
+    train_costs = _train_costs(tmp_path / "run")
     assert train_costs[-1] < 0.7 * train_costs[0] and math.isfinite(result.metrics["cost_bits"])
     longer = dataclasses.replace(config, max_sequences=4800)
     assert train(longer, tmp_path / "run", resume=True, progress=False).sequences == 4800
@@ -228,8 +226,8 @@ def test_stopping_needs_the_generalisation_sizes_clean_and_they_are_logged(tmp_p
     assert result.converged and result.step == 6
     assert calls == ["train", "train", 5, 9, "train", 5, 9, "train", 5, 9, "train", 5, 9,
                      "train", 5, 9]
-    rows = [r.split(",") for r in (tmp_path / "run" / "metrics.csv").read_text().splitlines()[1:]]
-    logged = [(r[0], r[3], r[5]) for r in rows if r[3] != "train"]
+    logged = [(r["step"], r["split"], r["bit_errors"])
+              for r in read_metrics(tmp_path / "run" / "metrics.csv") if r["split"] != "train"]
     assert logged[:4] == [("1", "val", "2"), ("2", "val", "0"), ("2", "val@5", "3"),
                           ("2", "val@9", "7")]
     assert result.metrics["general_bit_errors"] == 0.0

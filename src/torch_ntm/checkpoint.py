@@ -21,7 +21,6 @@ must be a regular file.
 from __future__ import annotations
 
 import contextlib
-import csv
 import dataclasses
 import fcntl
 import hashlib
@@ -54,7 +53,6 @@ __all__ = [
     "find_checkpoint",
     "lock_run",
     "clear_run",
-    "read_metrics",
 ]
 
 FORMAT = "torch-ntm-checkpoint"
@@ -265,33 +263,6 @@ def _remove_superseded(run_dir: Path, keep: set) -> None:
         ours = any(p.fullmatch(name) for p in _FILE_NAMES.values()) or _TEMPORARY.fullmatch(name)
         if ours and name not in keep and entry.is_file(follow_symlinks=False):
             Path(entry.path).unlink(missing_ok=True)
-
-
-def read_metrics(path: str | os.PathLike) -> list[dict]:
-    """The rows of a ``metrics.csv`` as dicts of strings ([] if the file does not exist).
-
-    Raises:
-        CheckpointError: the file is not UTF-8 text with a header naming ``step`` and ``split``,
-            or a row's ``step`` is not an integer.
-    """
-    path = Path(path)
-    if not path.exists():
-        return []
-    try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-    except (UnicodeDecodeError, csv.Error) as e:
-        raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
-    if reader.fieldnames is None:
-        return []  # empty: not a row written yet
-    if not {"step", "split"} <= set(reader.fieldnames):
-        raise CheckpointError(f"{path}: not a metrics file (no step and split columns)")
-    for number, row in enumerate(rows, 2):
-        if not (row["step"] or "").isdigit():
-            raise CheckpointError(f"{path}: row {number} has step {row['step']!r}, not an "
-                                  f"integer")
-    return rows
 
 
 _HELD: dict[Path, int] = {}  # run directories this process has locked -> nesting depth

@@ -16,6 +16,8 @@ from pathlib import Path
 
 import torch
 
+from torch_ntm.runlog import read_metrics
+
 __all__ = ["plot_run", "plot_learning_curves"]
 
 
@@ -131,13 +133,6 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
     return _save(fig, path)
 
 
-def _read_metrics(metrics_csv: Path) -> list[dict]:
-    """The rows of a run's ``metrics.csv`` ([] if it does not exist)."""
-    from torch_ntm.checkpoint import read_metrics
-
-    return read_metrics(metrics_csv)
-
-
 def _curve_axes(curves, path: Path) -> Path:
     """Cost and bit errors against sequences seen; ``curves``: ``(label, style, rows)``."""
     plt = _pyplot()
@@ -158,7 +153,7 @@ def _curve_axes(curves, path: Path) -> Path:
 
 def plot_learning_curve(metrics_csv: Path, path: Path) -> Path | None:
     """Training and validation curves of one run."""
-    rows = _read_metrics(metrics_csv)
+    rows = read_metrics(metrics_csv)
     if not rows:
         return None
     return _curve_axes([(split, style, [r for r in rows if r["split"] == split])
@@ -175,7 +170,7 @@ def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val"
     """
     curves = []
     for label, run_dir in runs.items():
-        rows = [r for r in _read_metrics(Path(run_dir) / "metrics.csv") if r["split"] == split]
+        rows = read_metrics(Path(run_dir) / "metrics.csv", split)
         if not rows:
             from torch_ntm.checkpoint import CheckpointError
 

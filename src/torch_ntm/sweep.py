@@ -19,7 +19,6 @@ converges within `GOAL_TIME_RATIO` times the median time, none collapses, no NaN
 
 from __future__ import annotations
 
-import csv
 import dataclasses
 import json
 import math
@@ -40,6 +39,7 @@ from torch_ntm.checkpoint import (
     load_checkpoint,
 )
 from torch_ntm.config import ConfigError, resolve_config
+from torch_ntm.runlog import read_metrics
 
 __all__ = ["run_sweep", "summarise", "format_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO"]
 
@@ -256,10 +256,10 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     row["seed"] = config.get("seed", row["seed"])
     row["nan_steps"] = int(record.get("extra", {}).get("nan_steps", 0))
     row["complete"] = bool(record) and record.get("sequences", 0) >= config.get("max_sequences", 0)
-    rows = []
-    if (run_dir / "metrics.csv").exists():
-        with open(run_dir / "metrics.csv", newline="") as f:
-            rows = list(csv.DictReader(f))
+    try:
+        rows = read_metrics(run_dir / "metrics.csv")
+    except CheckpointError:  # not a metrics file (yet): nothing learned to report
+        rows = []
     fallen = False  # the last validation, after converging, was a collapse
     for r in rows:
         cost = _float(r.get("cost_bits"))

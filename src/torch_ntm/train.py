@@ -11,37 +11,33 @@ N/2 steps, a resume, and N/2 more, bit for bit on the CPU.
 from __future__ import annotations
 
 import contextlib
-import csv
-import io
 import math
 import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from torch_ntm.checkpoint import (
-    _atomic_write,
     build_model,
     build_task,
     load_checkpoint,
     lock_run,
-    read_metrics,
     save_checkpoint,
 )
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import bit_errors, masked_bce
+from torch_ntm.runlog import MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip
 
 __all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches"]
 
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes)
-CSV_FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
 
 
 @dataclass
@@ -164,42 +160,6 @@ class _World:
         return t.tolist()
 
 
-class _MetricsLog:
-    """metrics.csv (appended; rows after a resumed step are dropped) and TensorBoard."""
-
-    def __init__(self, run_dir: Path, resume_step: int | None):
-        self.path = run_dir / "metrics.csv"
-        rows = []
-        if resume_step is not None:
-            rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_step]
-        text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, CSV_FIELDS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
-        _atomic_write(self.path, text.getvalue().encode())  # a kill keeps the old rows
-        self.tb = None
-        try:
-            from torch.utils.tensorboard import SummaryWriter
-
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step)
-        except ImportError:  # TensorBoard is optional at run time; CSV always works
-            pass
-
-    def write(self, step: int, sequences: int, elapsed: float, split: str, values: dict):
-        row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
-               "split": split, **{k: f"{values[k]:.6g}" for k in CSV_FIELDS[4:] if k in values}}
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, CSV_FIELDS).writerow(row)
-        if self.tb is not None:
-            for key in CSV_FIELDS[4:]:
-                if key in values:
-                    self.tb.add_scalar(f"{split}/{key}", values[key], sequences)
-
-    def close(self):
-        if self.tb is not None:
-            self.tb.close()
-
-
 def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
     for group in optimizer.param_groups:
         group["lr"] *= factor
@@ -269,159 +229,215 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         return _train(config, Path(run_dir), resume=resume, progress=progress)
 
 
-def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None):
-    torch.set_num_threads(config.threads)
-    world = _World(resolve_device(config.device))
-    device = world.device
-    local = world.local_batch(config.batch_size)
-    torch.manual_seed(config.seed)
-    data_gen = torch.Generator().manual_seed(config.seed)
-    task = build_task(config)
-    model = build_model(config, task, device=device)
-    params = [p for p in model.parameters() if p.requires_grad]
-    optimizer = make_optimizer(config, params)
-    spikes = _spike_clip(config, params)
+@dataclass
+class _State:
+    """What changes while a run trains. A checkpoint keeps all of it (the counters in its record,
+    the rest in ``extra``), so that a resumed run goes on exactly as if never stopped."""
 
-    step = sequences = nan_steps = streak = rollbacks = 0
-    lr_decayed = False
-    elapsed = 0.0
-    last_val: dict = {}
-    if resume:
-        ckpt = load_checkpoint(run_dir)
-        ckpt.load_weights_into(model)
-        ckpt.restore_train_state(optimizer, data_gen)
-        step, sequences, elapsed = ckpt.step, ckpt.sequences, ckpt.elapsed_s
-        last_val = ckpt.metrics
-        nan_steps = int(ckpt.extra.get("nan_steps", 0))
-        streak = int(ckpt.extra.get("streak", 0))
-        lr_decayed = bool(ckpt.extra.get("lr_decayed", False))  # the lr is in the optimizer state
-        rollbacks = int(ckpt.extra.get("rollbacks", 0))
-        if spikes is not None:
-            spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})
-        if config.lr != ckpt.config.lr:  # resumed with a new rate: it replaces the current one
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr
-    if world.main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        log_file = _MetricsLog(run_dir, step if resume else None)  # first: it checks the old
-        (run_dir / "config.json").write_text(config.to_json() + "\n")
-    train_model = world.wrap(model)
-    # Every rank validates the whole (small) set, so all reach the same stopping decision.
-    val_batches = validation_batches(config, task)
-    # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the model
-    # on other sequences than those that chose when to stop and which weights to keep.
-    general_batches = {size: fixed_batches(task.with_size(size), config.eval_size_sequences, 50,
-                                           seed=GENERAL_SEED) for size in config.eval_sizes}
+    step: int = 0
+    sequences: int = 0
+    elapsed_s: float = 0.0
+    metrics: dict = field(default_factory=dict)  # the last validation
+    nan_steps: int = 0  # steps whose gradient was not finite: the update was skipped
+    streak: int = 0  # validations in a row that met the stopping criterion
+    lr_decayed: bool = False  # the one decay of lr_decay_bit_errors is done
+    rollbacks: int = 0
+    # Cost bits, wrong bits and sequences of the training batches since the last "train" row.
+    running: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
 
-    best = _Best(model, optimizer)
-    kept = ckpt.best() if resume else None
-    if kept is not None:  # the run's best so far, saved beside its latest state
-        weights, optimizer_state, best.metrics = kept
-        best.load_state_dict({"score": _score(best.metrics), "weights": weights,
-                              "optimizer": optimizer_state})
-    elif last_val:
-        best.offer(last_val)
+    EXTRA = ("nan_steps", "streak", "lr_decayed", "rollbacks", "running")
 
-    def validate() -> dict:
-        nonlocal last_val, streak, lr_decayed, rollbacks
-        last_val = evaluate_batches(model, val_batches)
-        if world.main:
-            log_file.write(step, sequences, elapsed, "val", last_val)
-        if general_batches and last_val["bit_errors"] == 0:  # only a solved model can generalise
-            errors = 0.0
-            for size, batches in general_batches.items():
-                row = evaluate_batches(model, batches)
-                errors += row["bit_errors"]
-                if world.main:
-                    log_file.write(step, sequences, elapsed, f"val@{size}", row)
-            last_val["general_bit_errors"] = errors
-        met = 0 <= config.stop_bit_errors and max(
-            last_val["bit_errors"], 0.0 if not general_batches
-            else last_val.get("general_bit_errors", math.inf)) <= config.stop_bit_errors
-        streak = streak + 1 if met else 0
-        if (not lr_decayed and 0 <= config.lr_decay_bit_errors
-                and last_val["bit_errors"] <= config.lr_decay_bit_errors):
-            _scale_lr(optimizer, config.lr_decay)
-            lr_decayed = True
-        if config.rollback_bit_errors >= 0 and best.fell_apart(last_val,
-                                                               config.rollback_bit_errors):
-            last_val = best.restore()
-            _scale_lr(optimizer, config.lr_decay)
-            best.offer(last_val, replace=True)  # the decayed lr is what a later rollback gets
-            rollbacks += 1
-            if world.main:
-                log_file.write(step, sequences, elapsed, "rollback", last_val)
+    def extra(self) -> dict:
+        return {key: getattr(self, key) for key in self.EXTRA}
+
+    @classmethod
+    def from_checkpoint(cls, ckpt) -> "_State":
+        saved = {key: ckpt.extra[key] for key in cls.EXTRA if key in ckpt.extra}
+        return cls(step=ckpt.step, sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
+                   metrics=ckpt.metrics, **saved)
+
+
+class _Run:
+    """A run's objects (model, optimizer, data, validation sets, log) and its `_State`, with the
+    named steps `_train` loops over."""
+
+    def __init__(self, config: TrainConfig, run_dir: Path, resume: bool):
+        torch.set_num_threads(config.threads)
+        self.config, self.run_dir = config, run_dir
+        self.world = _World(resolve_device(config.device))
+        self.local = self.world.local_batch(config.batch_size)
+        torch.manual_seed(config.seed)
+        self.data_gen = torch.Generator().manual_seed(config.seed)
+        self.task = build_task(config)
+        self.model = build_model(config, self.task, device=self.world.device)
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = make_optimizer(config, self.params)
+        self.spikes = _spike_clip(config, self.params)
+        self.best = _Best(self.model, self.optimizer)
+        self.state = _State()
+        self.saved_step = -1
+        if resume:
+            self._restore(load_checkpoint(run_dir))
+        self.log = None
+        if self.world.main:
+            run_dir.mkdir(parents=True, exist_ok=True)
+            self.log = MetricsLog(run_dir, self.state.step if resume else None)  # checks it
+            (run_dir / "config.json").write_text(config.to_json() + "\n")
+        self.train_model = self.world.wrap(self.model)
+        # Every rank validates the whole (small) set, so all reach the same stopping decision.
+        self.val_batches = validation_batches(config, self.task)
+        # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the
+        # model on other sequences than those that chose when to stop and which weights to keep.
+        self.general_batches = {
+            size: fixed_batches(self.task.with_size(size), config.eval_size_sequences, 50,
+                                seed=GENERAL_SEED) for size in config.eval_sizes}
+        self.start = time.perf_counter() - self.state.elapsed_s
+        self.model.train()
+
+    def _restore(self, ckpt) -> None:
+        ckpt.load_weights_into(self.model)
+        ckpt.restore_train_state(self.optimizer, self.data_gen)  # the lr is in its state
+        self.state = _State.from_checkpoint(ckpt)
+        self.saved_step = self.state.step
+        if self.spikes is not None:
+            self.spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})
+        if self.config.lr != ckpt.config.lr:  # resumed with a new rate: it replaces the current
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.config.lr
+        kept = ckpt.best()
+        if kept is not None:  # the run's best so far, saved beside its latest state
+            weights, optimizer_state, self.best.metrics = kept
+            self.best.load_state_dict({"score": _score(self.best.metrics), "weights": weights,
+                                       "optimizer": optimizer_state})
+        elif self.state.metrics:
+            self.best.offer(self.state.metrics)
+
+    @property
+    def converged(self) -> bool:
+        return 0 <= self.config.stop_bit_errors and self.state.streak >= self.config.patience_evals
+
+    def out_of_time(self) -> bool:
+        limit = self.config.max_seconds
+        return bool(limit) and time.perf_counter() - self.start >= limit
+
+    def _clock(self) -> None:
+        self.state.elapsed_s = time.perf_counter() - self.start
+
+    def train_step(self) -> None:
+        """One optimizer step on a fresh batch; the update is skipped if a gradient is not
+        finite (one bad batch must not destroy the model)."""
+        config, state = self.config, self.state
+        batch = self.task.sample(config.batch_size, self.data_gen)
+        inputs, targets, mask = (t[:, self.local].to(self.world.device) for t in batch)
+        logits, _ = self.train_model(inputs)
+        per_seq = masked_bce(logits, targets, mask)
+        self.optimizer.zero_grad(set_to_none=True)
+        per_seq.mean().backward()
+        if torch.isfinite(_clip(config, self.params, self.spikes)):
+            self.optimizer.step()
         else:
-            best.offer(last_val)
-        save()
-        return last_val
+            state.nan_steps += 1
+        state.step += 1
+        state.sequences += config.batch_size
+        with torch.no_grad():
+            state.running[0] += float(per_seq.sum()) / math.log(2)
+            state.running[1] += float(bit_errors(logits, targets, mask).sum())
+            state.running[2] += per_seq.numel()
 
-    def save() -> None:
-        if world.main:
-            save_checkpoint(run_dir, config, model, optimizer, data_gen, step=step,
-                            sequences=sequences, elapsed_s=elapsed, metrics=last_val,
-                            extra={"nan_steps": nan_steps, "streak": streak,
-                                   "lr_decayed": lr_decayed, "rollbacks": rollbacks,
-                                   "recent_grad_norms": [] if spikes is None
-                                   else list(spikes.norms)},
-                            best=best.saved())
+    def log_training(self) -> dict:
+        """A ``train`` row: the averages since the last one (over all processes)."""
+        self._clock()
+        cost, errors, n = self.world.sum(self.state.running)
+        values = {"cost_bits": cost / n, "bit_errors": errors / n}
+        self._write("train", values)
+        self.state.running = [0.0, 0.0, 0.0]
+        return values
 
-    bar = _progress(config.max_sequences, sequences, progress if world.main else False)
-    converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
-    val_step = step if resume else -1
-    run_cost = run_err = run_n = 0.0
-    start = time.perf_counter() - elapsed
-    model.train()
+    def _write(self, split: str, values: dict) -> None:
+        if self.log is not None:
+            s = self.state
+            self.log.write(s.step, s.sequences, s.elapsed_s, split, values)
+
+    def validate(self) -> None:
+        """Validate (and at ``eval_sizes`` once the training distribution is solved), count
+        towards stopping, decay or roll back as configured, keep the best, save."""
+        config, state = self.config, self.state
+        self._clock()
+        metrics = evaluate_batches(self.model, self.val_batches)
+        self._write("val", metrics)
+        if self.general_batches and metrics["bit_errors"] == 0:  # only then can it generalise
+            metrics["general_bit_errors"] = 0.0
+            for size, batches in self.general_batches.items():
+                row = evaluate_batches(self.model, batches)
+                metrics["general_bit_errors"] += row["bit_errors"]
+                self._write(f"val@{size}", row)
+        worst = max(metrics["bit_errors"], metrics.get("general_bit_errors", math.inf)
+                    if self.general_batches else 0.0)
+        met = 0 <= config.stop_bit_errors and worst <= config.stop_bit_errors
+        state.streak = state.streak + 1 if met else 0
+        if (not state.lr_decayed and 0 <= config.lr_decay_bit_errors
+                and metrics["bit_errors"] <= config.lr_decay_bit_errors):
+            _scale_lr(self.optimizer, config.lr_decay)
+            state.lr_decayed = True
+        if 0 <= config.rollback_bit_errors and self.best.fell_apart(metrics,
+                                                                    config.rollback_bit_errors):
+            metrics = self.best.restore()
+            _scale_lr(self.optimizer, config.lr_decay)
+            self.best.offer(metrics, replace=True)  # the decayed lr is what a later one gets
+            state.rollbacks += 1
+            self._write("rollback", metrics)
+        else:
+            self.best.offer(metrics)
+        state.metrics = metrics
+        # The checkpoint keeps the running sums of all processes; rank 0 holds them from here.
+        totals = self.world.sum(state.running)
+        state.running = totals if self.world.main else [0.0, 0.0, 0.0]
+        self.save()
+
+    def save(self) -> None:
+        self.saved_step = self.state.step
+        if not self.world.main:
+            return
+        s = self.state
+        norms = [] if self.spikes is None else list(self.spikes.norms)
+        save_checkpoint(self.run_dir, self.config, self.model, self.optimizer, self.data_gen,
+                        step=s.step, sequences=s.sequences, elapsed_s=s.elapsed_s,
+                        metrics=s.metrics, extra={**s.extra(), "recent_grad_norms": norms},
+                        best=self.best.saved())
+
+    def close(self) -> None:
+        if self.log is not None:
+            self.log.close()
+
+
+def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None):
+    run = _Run(config, run_dir, resume)
+    state = run.state
+    bar = _progress(config.max_sequences, state.sequences, progress if run.world.main else False)
     # Under torchrun the ranks could see a signal at different steps: there it stops at once.
-    stop = _StopSignals(enabled=world.size == 1)
+    stop = _StopSignals(enabled=run.world.size == 1)
     try:
-        while not converged and sequences < config.max_sequences:
+        while not run.converged and state.sequences < config.max_sequences:
             if stop.signum is not None:  # between two steps: the state is consistent
-                elapsed = time.perf_counter() - start
-                if val_step != step:
-                    save()
-                raise Interrupted(stop.signum, step, run_dir)
-            if config.max_seconds and time.perf_counter() - start >= config.max_seconds:
+                run._clock()
+                if run.saved_step != state.step:
+                    run.save()
+                raise Interrupted(stop.signum, state.step, run_dir)
+            if run.out_of_time():
                 break
-            batch = task.sample(config.batch_size, data_gen)
-            inputs, targets, mask = (t[:, local].to(device) for t in batch)
-            logits, _ = train_model(inputs)
-            per_seq = masked_bce(logits, targets, mask)
-            optimizer.zero_grad(set_to_none=True)
-            per_seq.mean().backward()
-            if torch.isfinite(_clip(config, params, spikes)):
-                optimizer.step()
-            else:
-                nan_steps += 1  # skip the update: one bad batch must not destroy the model
-            step += 1
-            sequences += config.batch_size
+            run.train_step()
             bar.update(config.batch_size)
-            with torch.no_grad():
-                run_cost += float(per_seq.sum()) / math.log(2)
-                run_err += float(bit_errors(logits, targets, mask).sum())
-                run_n += per_seq.numel()
-
-            if step % config.log_every == 0:
-                elapsed = time.perf_counter() - start
-                cost, err, n = world.sum([run_cost, run_err, run_n])
-                values = {"cost_bits": cost / n, "bit_errors": err / n}
-                if world.main:
-                    log_file.write(step, sequences, elapsed, "train", values)
+            if state.step % config.log_every == 0:
+                values = run.log_training()
                 bar.set_postfix(cost=f"{values['cost_bits']:.3g}",
                                 bit_err=f"{values['bit_errors']:.3g}", refresh=False)
-                run_cost = run_err = run_n = 0.0
-            if step % config.eval_every == 0:
-                elapsed = time.perf_counter() - start
-                validate()
-                val_step = step
-                converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
-        elapsed = time.perf_counter() - start
-        if val_step != step:  # stopped between validations: validate and save the final state
-            validate()
-            converged = 0 <= config.stop_bit_errors and streak >= config.patience_evals
+            if state.step % config.eval_every == 0:
+                run.validate()
+        if run.saved_step != state.step:  # stopped between validations: validate, save
+            run.validate()
     finally:
         stop.restore()
         bar.close()
-        if world.main:
-            log_file.close()
-    return TrainResult(run_dir, converged, step, sequences, elapsed, last_val, nan_steps)
+        run.close()
+    return TrainResult(run_dir, run.converged, state.step, state.sequences, state.elapsed_s,
+                       state.metrics, state.nan_steps)

@@ -1,0 +1,99 @@
+"""A run's ``metrics.csv``: the one writer (training) and the one reader (plots, sweeps, tests).
+
+Columns (`FIELDS`): ``step`` (optimizer steps), ``sequences`` (training sequences seen),
+``elapsed_s`` (training seconds), ``split``, ``cost_bits``, ``bit_errors`` (both per sequence)
+and ``perfect`` (fraction of sequences without a wrong bit). The splits:
+
+- ``train``: averages over the training batches since the previous ``train`` row;
+- ``val``: the fixed validation set from the training distribution;
+- ``val@SIZE``: a generalisation set at task size ``SIZE`` (``eval_sizes``);
+- ``rollback``: the best validation's metrics, put back after a later one fell apart.
+
+TensorBoard gets the same numbers (``SPLIT/KEY`` against sequences) under ``tb/``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from pathlib import Path
+
+__all__ = ["FIELDS", "MetricsLog", "read_metrics"]
+
+FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
+_VALUES = FIELDS[4:]
+
+
+def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict]:
+    """The rows of a ``metrics.csv`` as dicts of strings ([] if the file does not exist), only
+    those of ``split`` if given.
+
+    Raises:
+        CheckpointError: the file is not UTF-8 text with a header naming ``step`` and ``split``,
+            or a row's ``step`` is not an integer.
+    """
+    from torch_ntm.checkpoint import CheckpointError
+
+    path = Path(path)
+    if not path.exists():
+        return []
+    try:
+        with open(path, newline="", encoding="utf-8") as f:
+            reader = csv.DictReader(f)
+            rows = list(reader)
+    except (UnicodeDecodeError, csv.Error) as e:
+        raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
+    if reader.fieldnames is None:
+        return []  # empty: not a row written yet
+    if not {"step", "split"} <= set(reader.fieldnames):
+        raise CheckpointError(f"{path}: not a metrics file (no step and split columns)")
+    for number, row in enumerate(rows, 2):
+        if not (row["step"] or "").isdigit():
+            raise CheckpointError(f"{path}: row {number} has step {row['step']!r}, not an "
+                                  f"integer")
+    return rows if split is None else [r for r in rows if r["split"] == split]
+
+
+class MetricsLog:
+    """Appends rows to ``run_dir/metrics.csv`` and TensorBoard.
+
+    Opened for a resume (``resume_step``), it first drops the rows after that step (written
+    after the checkpoint it resumes from), rewriting the file atomically: a kill keeps the old
+    rows. TensorBoard is optional at run time; the CSV is always written.
+    """
+
+    def __init__(self, run_dir: Path, resume_step: int | None = None):
+        from torch_ntm.checkpoint import _atomic_write
+
+        self.path = run_dir / "metrics.csv"
+        rows = []
+        if resume_step is not None:
+            rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_step]
+        text = io.StringIO(newline="")
+        writer = csv.DictWriter(text, FIELDS, extrasaction="ignore")
+        writer.writeheader()
+        writer.writerows(rows)
+        _atomic_write(self.path, text.getvalue().encode())
+        self.tb = None
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step)
+        except ImportError:
+            pass
+
+    def write(self, step: int, sequences: int, elapsed: float, split: str, values: dict) -> None:
+        """One row; ``values`` holds some of ``cost_bits``, ``bit_errors``, ``perfect``."""
+        row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
+               "split": split, **{k: f"{values[k]:.6g}" for k in _VALUES if k in values}}
+        with open(self.path, "a", newline="") as f:
+            csv.DictWriter(f, FIELDS).writerow(row)
+        if self.tb is not None:
+            for key in _VALUES:
+                if key in values:
+                    self.tb.add_scalar(f"{split}/{key}", values[key], sequences)
+
+    def close(self) -> None:
+        if self.tb is not None:
+            self.tb.close()
