@@ -23,6 +23,7 @@ from typing import NamedTuple
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from torch_ntm import functional as ntmf
 
@@ -368,6 +369,11 @@ class _NTMBase(nn.Module):
 
     def _check_dtype(self, x: Tensor) -> None:
         """Inputs must have the parameters' dtype (no engine converts them)."""
+        if self.reads0.dtype == torch.float16:  # measured: non-finite gradients in a few steps
+            raise ValueError(
+                f"{type(self).__name__} does not run in float16 (its gradients overflow); use "
+                f"bfloat16 parameters, or float32 ones under torch.autocast(dtype=torch.float16)"
+            )
         if x.dtype != self.reads0.dtype:
             raise ValueError(
                 f"{type(self).__name__} expects input of dtype {self.reads0.dtype} (its "
@@ -443,6 +449,16 @@ class _NTMBase(nn.Module):
         return logits, new_state
 
 
+def _where_batch(mask: Tensor, new, old, dim: int):
+    """``new`` where ``mask`` ([B] bool) is set, else ``old``, for a tensor with its batch at
+    ``dim``, or for a tuple of such tensors (the controller's state)."""
+    if isinstance(new, tuple):
+        return tuple(_where_batch(mask, a, b, dim) for a, b in zip(new, old))
+    shape = [1] * new.dim()
+    shape[dim] = -1
+    return torch.where(mask.view(shape), new, old)
+
+
 class NTMCell(_NTMBase):
     """One step of a Neural Turing Machine.
 
@@ -505,7 +521,8 @@ class NTM(_NTMBase):
             eager loop in ``ntm bench``; ~25 s of compilation per batch and memory size, seconds
             once cached on disk; inference under ``no_grad`` runs the uncompiled fast step, as its
             batch and memory sizes vary); ``"eager"`` loops over the step with plain autograd
-            (needed for double backward and `torch.func` transforms). `trace` is always eager.
+            (needed for double backward and `torch.func` transforms). `trace` is always eager,
+            and so is `forward` under `torch.autocast` (bfloat16 or float16 mixed precision).
             May be changed on a built module by assigning ``ntm.engine``.
         device, dtype: of the parameters.
 
@@ -541,6 +558,9 @@ class NTM(_NTMBase):
 
     def _prepare(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         layout = "[batch, time, %d]" if self.batch_first else "[time, batch, %d]"
+        if isinstance(x, PackedSequence):
+            raise TypeError("NTM.trace takes a padded tensor, not a PackedSequence: unpack it "
+                            "with torch.nn.utils.rnn.pad_packed_sequence")
         if x.dim() != 3 or x.shape[2] != self.input_size:
             raise ValueError(
                 f"NTM expects input of shape {layout % self.input_size}, got {list(x.shape)}"
@@ -560,16 +580,59 @@ class NTM(_NTMBase):
         y = torch.stack(outputs)  # (T, B, output_size)
         return y.transpose(0, 1) if self.batch_first else y
 
-    def forward(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState]:
+    def forward(self, x: Tensor | PackedSequence, state: NTMState | None = None
+                ) -> tuple[Tensor | PackedSequence, NTMState]:
         """Args:
-            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``).
-            state: `NTMState` to continue from, or None for `initial_state`.
+            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``), or a
+                `PackedSequence` of sequences of different lengths (as for `nn.LSTM`).
+            state: `NTMState` to continue from, or None for `initial_state`; for a packed input,
+                in the order of the sequences before packing.
 
         Returns:
-            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first) and the state
-            after the last step.
+            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first), or a
+            `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
+            last step.
         """
-        if self.engine != "eager":
+        if isinstance(x, PackedSequence):
+            return self._forward_packed(x, state)
+        if not isinstance(x, Tensor):
+            layout = "[batch, time, %d]" if self.batch_first else "[time, batch, %d]"
+            raise TypeError(f"NTM expects a tensor of shape {layout % self.input_size} or a "
+                            f"PackedSequence, got {type(x).__name__}")
+        return self._forward_padded(x, state)
+
+    def _forward_packed(self, x: PackedSequence, state: NTMState | None
+                        ) -> tuple[PackedSequence, NTMState]:
+        """Runs the padded batch in pieces that end where some sequence ends, and keeps each
+        sequence's state from the piece that ended it. The batch keeps its size throughout (the
+        steps past a sequence's end are computed and dropped), so the compiled engine compiles
+        once. The outputs come back packed exactly as ``x`` is (same `batch_sizes` and order)."""
+        padded, lengths = pad_packed_sequence(x)  # [T, B, I] in the order before packing
+        if padded.dim() != 3 or padded.shape[2] != self.input_size:
+            raise ValueError(f"NTM expects packed steps of width {self.input_size}, got "
+                             f"{list(x.data.shape[1:])}")
+        pieces, final, start = [], None, 0
+        for end in sorted(set(lengths.tolist())):
+            piece = padded[start:end]
+            y, state = self._forward_padded(piece.transpose(0, 1) if self.batch_first else piece,
+                                            state)
+            pieces.append(y.transpose(0, 1) if self.batch_first else y)
+            ended = (lengths == end).to(padded.device)
+            final = state if final is None else NTMState(*(
+                _where_batch(ended, new, old, dim=1 if name == "controller" else 0)
+                for name, new, old in zip(NTMState._fields, state, final)))
+            start = end
+        y = torch.cat(pieces)  # [T, B, O]
+        order = x.sorted_indices
+        if order is not None:
+            y, lengths = y.index_select(1, order), lengths[order.cpu()]
+        data = pack_padded_sequence(y, lengths, enforce_sorted=True).data
+        return PackedSequence(data, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
+
+    def _forward_padded(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
+        # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
+        # hand-written backward take one dtype (the parameters'), not autocast's mix.
+        if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
             from torch_ntm.fast import fast_forward  # imports this module: import on first use
 
             compile = self.engine == "compiled" and torch.is_grad_enabled()
