@@ -78,7 +78,8 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
     (["train", "copy", "--set", "engine=turbo"],
      "ntm: error: --set: engine='turbo' is not valid; valid choices: fast, compiled, eager"),
     (["train", "copy", "--set", "controller=gru"],
-     "ntm: error: --set: controller='gru' is not valid; valid choices: lstm, feedforward"),
+     "ntm: error: the model cannot be built from this config: unknown controller 'gru'; valid "
+     "choices: feedforward, lstm"),
     (["train", "copy", "--set", "shift_range=100"],
      "ntm: error: the model cannot be built from this config: shift_range=100 needs"),
     (["train", "copy", "--set", "device=tpu"], "ntm: error: device 'tpu' is not a valid torch"),

@@ -5,6 +5,7 @@ import dataclasses
 import pytest
 
 from torch_ntm.config import PRESETS, ConfigError, TrainConfig, apply_overrides, resolve_config
+from torch_ntm.model import NTMOptions
 from torch_ntm.tasks import TASKS
 
 
@@ -88,3 +89,12 @@ def test_apply_overrides_does_not_mutate_its_input():
     before = dataclasses.asdict(config)
     apply_overrides(config, ["task.max_length=4", "lr=1"])
     assert dataclasses.asdict(config) == before
+
+
+def test_model_options_come_from_ntm_options_with_0_for_an_unbounded_cap():
+    config = resolve_config("copy", overrides=["controller_size=7", "max_gamma=3"])
+    assert config.model_options() == NTMOptions(controller_size=7, max_gamma=3.0)
+    assert isinstance(config, NTMOptions)
+    with pytest.raises(ConfigError, match=r"the model cannot be built from this config: "
+                                          r"read_heads must be an integer >= 1, got 0"):
+        resolve_config("copy", overrides=["read_heads=0"])

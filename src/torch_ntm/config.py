@@ -13,6 +13,8 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from torch_ntm.model import ENGINES, NTMOptions
+
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
     "apply_task_overrides", "resolve_device", "check_memory_size",
@@ -24,29 +26,22 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(NTMOptions):
     """Everything that defines a training run.
 
-    The model fields are the `NTM` constructor arguments; ``model="lstm"`` trains the LSTM
-    baseline of the paper instead (``controller_size`` units x ``controller_layers`` layers).
+    The model fields are those of `NTMOptions` (the `NTM` constructor arguments); ``model="lstm"``
+    trains the LSTM baseline of the paper instead (``controller_size`` units x
+    ``controller_layers`` layers).
     """
 
     task: str = "copy"
     task_params: dict = field(default_factory=dict)
     preset: str = "ntm-lstm"
-    # Model.
+    # Model: the fields of `NTMOptions`, and these. The soft caps of beta and gamma are 0 for
+    # None (unbounded: the paper's softplus and 1 + softplus), as config.json has always held them.
     model: str = "ntm"  # "ntm" or "lstm" (baseline)
-    controller: str = "lstm"
-    controller_size: int = 100
-    controller_layers: int = 1
-    memory_size: int = 128
-    memory_width: int = 20
-    read_heads: int = 1
-    write_heads: int = 1
-    shift_range: int = 1
-    memory_init: str = "constant"
-    max_beta: float = 0.0  # soft cap of the key strength beta; 0: unbounded (the paper's softplus)
-    max_gamma: float = 0.0  # soft cap of the sharpening gamma; 0: unbounded (1 + softplus)
+    max_beta: float = 0.0
+    max_gamma: float = 0.0
     engine: str = "compiled"  # NTM.forward's engine: "compiled", "fast" or "eager" (same function)
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
@@ -88,6 +83,12 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between CSV/TensorBoard rows
     device: str = "cpu"
 
+    def model_options(self) -> NTMOptions:
+        """The architecture this config describes (a cap of 0 is None: unbounded)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(NTMOptions)}
+        return NTMOptions(**{**values, "max_beta": self.max_beta or None,
+                             "max_gamma": self.max_gamma or None})
+
     def to_json(self) -> str:
         return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
 
@@ -114,12 +115,16 @@ class TrainConfig:
             if not test(value):
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
         self.check_choices(source)
+        try:
+            self.model_options().checked()
+        except ValueError as e:
+            raise ConfigError(f"the model cannot be built from this config: {e}") from None
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
         check_sequence_steps(self, source)
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
-        for key, valid in _choices().items():
+        for key, valid in _CHOICES.items():
             value = getattr(self, key)
             if value not in valid:
                 raise ConfigError(
@@ -136,14 +141,12 @@ def _finite(lo: float, hi: float = math.inf, lo_open=False, hi_open=False):
 
 
 _AT_LEAST_1 = (lambda v: v >= 1, "an integer >= 1")
-_AT_LEAST_0 = (lambda v: v >= 0, "an integer >= 0")
-# The range of every number in a config; a value outside is a mistake, caught before training.
+# The range of every number in a config but the model's (`NTMOptions.checked` checks those);
+# a value outside is a mistake, caught before training.
 _RANGES = {
     **{key: _AT_LEAST_1 for key in (
-        "controller_size", "controller_layers", "memory_size", "memory_width", "batch_size",
-        "max_sequences", "eval_every", "eval_sequences", "patience_evals", "threads",
-        "log_every")},
-    **{key: _AT_LEAST_0 for key in ("read_heads", "write_heads", "shift_range")},
+        "batch_size", "max_sequences", "eval_every", "eval_sequences", "patience_evals",
+        "threads", "log_every")},
     "seed": (lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
     "lr": (_finite(0, lo_open=True), "a finite number > 0"),
     "momentum": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
@@ -154,9 +157,6 @@ _RANGES = {
     "max_seconds": (_finite(0), "a finite number >= 0 (0 means no limit)"),
     "eval_size_sequences": _AT_LEAST_1,
     "clip_spikes": (lambda v: v == 0 or _finite(1)(v), "0 (off) or a finite number >= 1"),
-    "max_beta": (_finite(0), "a finite number > 0, or 0 for the paper's unbounded beta"),
-    "max_gamma": (lambda v: v == 0 or _finite(1, lo_open=True)(v),
-                  "a finite number > 1, or 0 for the paper's unbounded gamma"),
     **{key: (_finite(-math.inf), "a finite number (< 0 disables)")
        for key in ("lr_decay_bit_errors", "rollback_bit_errors", "stop_bit_errors")},
 }
@@ -206,11 +206,8 @@ def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
         )
 
 
-def _choices() -> dict[str, tuple[str, ...]]:
-    from torch_ntm.model import CONTROLLERS, ENGINES, MEMORY_INITS
-
-    return {"model": ("ntm", "lstm"), "controller": tuple(CONTROLLERS),
-            "memory_init": MEMORY_INITS, "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
+# The keys with a fixed set of values but the model's (`NTMOptions.checked` checks those).
+_CHOICES = {"model": ("ntm", "lstm"), "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
 
 
 # Presets from the paper's tables 1-3 (architecture, heads, memory and learning rate). "#heads"

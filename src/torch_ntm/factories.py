@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
@@ -29,20 +31,13 @@ def build_task(config: TrainConfig, **task_overrides):
 def model_config(config: TrainConfig, task) -> dict:
     """Constructor arguments of the model a config describes; ``task`` (or a model) gives the
     input and output widths."""
+    sizes = {"input_size": task.input_size, "output_size": task.output_size}
     if config.model == "lstm":
-        return {"kind": "lstm", "input_size": task.input_size, "output_size": task.output_size,
-                "hidden_size": config.controller_size, "num_layers": config.controller_layers}
+        return {"kind": "lstm", **sizes, "hidden_size": config.controller_size,
+                "num_layers": config.controller_layers}
     if config.model != "ntm":
         raise ConfigError(f"model must be 'ntm' or 'lstm', got {config.model!r}")
-    return {
-        "kind": "ntm", "input_size": task.input_size, "output_size": task.output_size,
-        "controller": config.controller, "controller_size": config.controller_size,
-        "controller_layers": config.controller_layers, "memory_size": config.memory_size,
-        "memory_width": config.memory_width, "read_heads": config.read_heads,
-        "write_heads": config.write_heads, "shift_range": config.shift_range,
-        "memory_init": config.memory_init,
-        "max_beta": config.max_beta or None, "max_gamma": config.max_gamma or None,
-    }
+    return {"kind": "ntm", **sizes, **dataclasses.asdict(config.model_options())}
 
 
 def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Module:
