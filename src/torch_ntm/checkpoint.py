@@ -21,7 +21,6 @@ must be a regular file.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -159,7 +158,7 @@ def save_checkpoint(
     record = {
         "format": FORMAT,
         "version": VERSION,
-        "config": dataclasses.asdict(config),
+        "config": config.to_dict(),
         "model": model_config(config, model),
         "step": step,
         "sequences": sequences,

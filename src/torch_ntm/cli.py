@@ -239,7 +239,7 @@ def _checkpoint_arg(args) -> Path:
 
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import ConfigError, apply_task_overrides
+    from torch_ntm.config import ConfigError, apply_overrides
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
 
@@ -250,7 +250,7 @@ def _cmd_evaluate(args) -> int:
     model = ckpt.model(**overrides)
     task = ckpt.task()
     if args.task_overrides:
-        config = apply_task_overrides(ckpt.config, args.task_overrides)
+        config = apply_overrides(ckpt.config, args.task_overrides, "--task-set", prefix="task.")
         changed = build_task(config)
         if (changed.input_size, changed.output_size) != (task.input_size, task.output_size):
             raise ConfigError("--task-set: the change alters the task's input or output width, "
