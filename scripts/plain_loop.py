@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import dataclasses
 import json
 import math
 import time
@@ -27,15 +28,12 @@ from pathlib import Path
 import torch
 
 from torch_ntm import NTM
-from torch_ntm.config import PRESETS, TrainConfig
+from torch_ntm.config import resolve_config
 from torch_ntm.diagnostics import gradient_norms, head_statistics
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import masked_bce
 from torch_ntm.stability import SpikeClip
 from torch_ntm.tasks import make_task
-
-MODEL_KEYS = ("controller", "controller_size", "controller_layers", "memory_size", "memory_width",
-              "read_heads", "write_heads", "shift_range", "memory_init")
 
 
 def seeds_arg(text: str) -> list[int]:
@@ -47,9 +45,7 @@ def seeds_arg(text: str) -> list[int]:
 
 def model_kwargs(task_name: str, overrides: list[str]) -> dict:
     """The task's ntm-lstm preset architecture, then ``key=value`` overrides (Python literals)."""
-    preset = PRESETS[task_name]["ntm-lstm"]
-    defaults = TrainConfig()
-    kwargs = {k: preset.get(k, getattr(defaults, k)) for k in MODEL_KEYS}
+    kwargs = dataclasses.asdict(resolve_config(task_name, "ntm-lstm").model_options())
     for item in overrides:
         key, _, value = item.partition("=")
         try:

@@ -150,7 +150,7 @@ def test_bad_json_and_foreign_json_and_missing_run(run_dir, tmp_path):
 def test_weights_from_another_configuration_are_rejected(run_dir, tmp_path):
     other = tiny_config("controller_size=12")
     ckpt = load_checkpoint(run_dir)
-    from torch_ntm.checkpoint import build_model
+    from torch_ntm.factories import build_model
 
     model = build_model(other, ckpt.task())
     save_checkpoint(tmp_path / "other", ckpt.config, model)  # record says size 8, weights are 12

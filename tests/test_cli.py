@@ -78,7 +78,8 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
     (["train", "copy", "--set", "engine=turbo"],
      "ntm: error: --set: engine='turbo' is not valid; valid choices: fast, compiled, eager"),
     (["train", "copy", "--set", "controller=gru"],
-     "ntm: error: --set: controller='gru' is not valid; valid choices: lstm, feedforward"),
+     "ntm: error: the model cannot be built from this config: unknown controller 'gru'; valid "
+     "choices: feedforward, lstm"),
     (["train", "copy", "--set", "shift_range=100"],
      "ntm: error: the model cannot be built from this config: shift_range=100 needs"),
     (["train", "copy", "--set", "device=tpu"], "ntm: error: device 'tpu' is not a valid torch"),
@@ -145,8 +146,8 @@ def test_evaluate_with_changed_task_parameters(trained, capsys):
     assert "min_length must be an integer >= 1" in capsys.readouterr().err
     # Mistakes are named in --task-set's own terms, not --set task.KEY's.
     for item, message in [
-        ("colour=3", "ntm: error: --task-set colour: task 'copy' has no parameter 'colour'; "
-                     "valid: max_length, min_length, width"),
+        ("colour=3", "ntm: error: --task-set colour: unknown key; valid keys: max_length, "
+                     "min_length, width"),
         ("min_length=x", "ntm: error: --task-set min_length=x: expected a value of type int"),
         ("min_length", "ntm: error: --task-set expects key=value, got 'min_length'"),
     ]:

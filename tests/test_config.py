@@ -1,11 +1,13 @@
 """Configs: presets, ``--set key=value`` parsing and its errors."""
 
 import dataclasses
+import json
 
 import pytest
 
 from torch_ntm.config import PRESETS, ConfigError, TrainConfig, apply_overrides, resolve_config
-from torch_ntm.tasks import TASKS
+from torch_ntm.model import NTMOptions
+from torch_ntm.tasks import TASKS, CopyTask, RepeatCopyTask
 
 
 def test_every_task_has_the_four_presets_and_they_resolve():
@@ -35,7 +37,7 @@ def test_overrides_are_parsed_to_the_fields_types():
     assert config.lr == 3e-4 and isinstance(config.lr, float)
     assert config.batch_size == 8 and isinstance(config.batch_size, int)
     assert config.memory_init == "learned"
-    assert config.task_params == {"max_length": 5}
+    assert config.task_params == CopyTask(max_length=5)
     assert config.max_seconds == 1.5
     assert config.seed == 7
 
@@ -48,12 +50,10 @@ def test_override_with_wrong_type_names_key_and_type():
 
 
 def test_unknown_key_is_rejected_with_the_valid_keys():
-    with pytest.raises(ConfigError,
-                       match=r"--set learning_rate: unknown key; valid keys: .*\blr\b"):
+    # The model's keys (from NTMOptions) and the task's group are listed with the others.
+    with pytest.raises(ConfigError, match=r"--set learning_rate: unknown key; valid keys: .*"
+                                          r"\blr\b.*\bmax_beta\b.*\btask\.<key>, threads\b"):
         resolve_config("copy", overrides=["learning_rate=1"])
-    with pytest.raises(ConfigError,
-                       match=r"task 'copy' has no parameter 'items'; valid: .*task.max_length"):
-        resolve_config("copy", overrides=["task.items=3"])
     with pytest.raises(ConfigError, match="expects key=value"):
         resolve_config("copy", overrides=["lr"])
 
@@ -78,8 +78,6 @@ def test_from_dict_rejects_unknown_keys_and_bad_types():
 
 def test_json_round_trip():
     config = resolve_config("repeat_copy", overrides=["task.max_repeats=4", "seed=3"])
-    import json
-
     assert TrainConfig.from_dict(json.loads(config.to_json())) == config
 
 
@@ -88,3 +86,88 @@ def test_apply_overrides_does_not_mutate_its_input():
     before = dataclasses.asdict(config)
     apply_overrides(config, ["task.max_length=4", "lr=1"])
     assert dataclasses.asdict(config) == before
+
+
+# -- Nested keys: the task's parameters are its own dataclass, set as task.KEY ----------------
+
+
+def test_nested_keys_are_parsed_to_the_tasks_field_types():
+    config = resolve_config("repeat_copy", overrides=["task.max_repeats=4",
+                                                      "task.repeats_norm=5", "task.width=3"])
+    assert config.task_params == RepeatCopyTask(width=3, max_repeats=4, repeats_norm=5.0)
+    assert isinstance(config.task_params.repeats_norm, float)
+    assert isinstance(config.task_params.max_repeats, int)
+    with pytest.raises(ConfigError, match=r"--set task.repeats_norm=x: expected a value of type "
+                                          r"float"):
+        resolve_config("repeat_copy", overrides=["task.repeats_norm=x"])
+
+
+def test_a_tasks_keys_change_together_so_their_order_does_not_matter():
+    # min_repeats=20 alone is above max_repeats=10; with max_repeats=30 it is valid.
+    for order in (["task.min_repeats=20", "task.max_repeats=30"],
+                  ["task.max_repeats=30", "task.min_repeats=20"]):
+        params = resolve_config("repeat_copy", overrides=order).task_params
+        assert (params.min_repeats, params.max_repeats) == (20, 30)
+    with pytest.raises(ConfigError, match=r"the task cannot be built from this config: "
+                                          r"RepeatCopyTask: min_repeats=20 must be <= "
+                                          r"max_repeats=10"):
+        resolve_config("repeat_copy", overrides=["task.min_repeats=20"])
+
+
+def test_unknown_nested_key_lists_the_tasks_keys():
+    with pytest.raises(ConfigError, match=r"^--set task.items: unknown key; valid keys: "
+                                          r"task.max_length, task.min_length, task.width$"):
+        resolve_config("copy", overrides=["task.items=3"])
+    with pytest.raises(ConfigError, match=r"^--set task: holds keys, not a value; valid keys: "
+                                          r"task.max_length, "):
+        resolve_config("copy", overrides=["task=ngrams"])
+    with pytest.raises(ConfigError, match=r"^--set lr.x: unknown key; lr has no keys$"):
+        resolve_config("copy", overrides=["lr.x=1"])
+
+
+def test_a_prefix_sets_the_tasks_keys_and_errors_show_them_as_given():
+    config = resolve_config("copy")
+    changed = apply_overrides(config, ["min_length=2", "max_length=4"], "--task-set",
+                              prefix="task.")
+    assert changed.task_params == CopyTask(min_length=2, max_length=4)
+    with pytest.raises(ConfigError, match=r"^--task-set colour: unknown key; valid keys: "
+                                          r"max_length, min_length, width$"):
+        apply_overrides(config, ["colour=3"], "--task-set", prefix="task.")
+    with pytest.raises(ConfigError, match=r"^--task-set width=x: expected a value of type int$"):
+        apply_overrides(config, ["width=x"], "--task-set", prefix="task.")
+
+
+def test_config_json_keeps_its_flat_form_with_the_tasks_changed_parameters():
+    config = resolve_config("copy", overrides=["task.max_length=5", "task.width=8"])
+    data = json.loads(config.to_json())
+    assert data["task"] == "copy" and data["task_params"] == {"max_length": 5}  # 8: default
+    assert data["max_beta"] == 0.0 and data["max_gamma"] == 0.0  # 0, not null: unbounded
+    assert {f.name for f in dataclasses.fields(NTMOptions)} <= set(data)
+
+
+def test_an_old_flat_config_loads_and_gives_the_same_model_options():
+    # As torch-ntm wrote config.json before the task's parameters had a type of their own and
+    # before the caps on beta and gamma existed (the shipped models' configs).
+    old = {"task": "repeat_copy", "task_params": {"max_repeats": 4}, "preset": "ntm-lstm",
+           "model": "ntm", "controller": "lstm", "controller_size": 50, "controller_layers": 1,
+           "memory_size": 64, "memory_width": 20, "read_heads": 1, "write_heads": 1,
+           "shift_range": 1, "memory_init": "constant", "engine": "compiled", "lr": 0.003}
+    config = TrainConfig.from_dict(old)
+    assert config.task_params == RepeatCopyTask(max_repeats=4)
+    assert config.model_options() == NTMOptions(controller_size=50, memory_size=64)
+    assert json.loads(config.to_json())["task_params"] == {"max_repeats": 4}
+    with pytest.raises(ConfigError, match=r"^config: unknown parameter\(s\) colour for task "
+                                          r"'copy'; valid parameters: width, min_length"):
+        TrainConfig.from_dict({"task": "copy", "task_params": {"colour": 1}})
+    with pytest.raises(ConfigError, match=r"^config: CopyTask.width must be an integer >= 1, "
+                                          r"got '8'"):
+        TrainConfig.from_dict({"task": "copy", "task_params": {"width": "8"}})
+
+
+def test_model_options_come_from_ntm_options_with_0_for_an_unbounded_cap():
+    config = resolve_config("copy", overrides=["controller_size=7", "max_gamma=3"])
+    assert config.model_options() == NTMOptions(controller_size=7, max_gamma=3.0)
+    assert isinstance(config, NTMOptions)
+    with pytest.raises(ConfigError, match=r"the model cannot be built from this config: "
+                                          r"read_heads must be an integer >= 1, got 0"):
+        resolve_config("copy", overrides=["read_heads=0"])

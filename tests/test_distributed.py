@@ -6,7 +6,8 @@ import sys
 import pytest
 import torch
 
-from torch_ntm.checkpoint import build_model, load_checkpoint
+from torch_ntm.checkpoint import load_checkpoint
+from torch_ntm.factories import build_model
 from torch_ntm.runlog import read_metrics
 
 ARGS = ["train", "copy", "--no-plots", "--no-progress", "--set", "task.max_length=4",

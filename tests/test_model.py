@@ -10,12 +10,17 @@ Models are tiny and sizes unequal (B=3, T=6, N=7, M=5) so that a swapped axis fa
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
+import pydoc
+
 import pytest
 import torch
 import torch.nn.functional as tnf
 
 from torch_ntm import NTM, NTMCell, NTMState, NTMTrace
 from torch_ntm import functional as F
+from torch_ntm.model import NTMOptions
 
 IN, OUT, B, T = 4, 3, 3, 6
 SMALL = {"controller_size": 8, "memory_size": 7, "memory_width": 5}
@@ -463,3 +468,34 @@ def test_unknown_names_list_the_valid_choices():
 def test_shift_range_must_fit_in_memory():
     with pytest.raises(ValueError, match=r"shift_range=4 needs 2\*shift_range\+1 <= memory_size"):
         build(NTM, shift_range=4)  # 9 > N = 7
+
+
+@pytest.mark.parametrize("cls", [NTM, NTMCell])
+def test_the_options_are_keyword_arguments_in_the_signature_and_help(cls):
+    params = inspect.signature(cls).parameters
+    assert list(params)[:2] == ["input_size", "output_size"]
+    for f in dataclasses.fields(NTMOptions):
+        assert params[f.name].kind is inspect.Parameter.KEYWORD_ONLY
+        assert params[f.name].default == f.default
+    assert {"device", "dtype"} <= set(params)
+    assert ({"batch_first", "engine"} <= set(params)) == (cls is NTM)
+    assert "memory_size: 'int' = 128" in pydoc.render_doc(cls)
+
+
+def test_the_options_give_the_attributes_repr_and_config():
+    ntm = build(NTM, controller="feedforward", max_gamma=3)
+    options = NTMOptions(**{**SMALL, "controller": "feedforward", "max_gamma": 3.0})
+    assert ntm.options == options and isinstance(ntm.max_gamma, float)
+    assert ntm.config() == {"input_size": IN, "output_size": OUT, **dataclasses.asdict(options),
+                            "batch_first": False}
+    assert ntm.memory_size == N and ntm.controller_type == "feedforward"
+    assert repr(ntm).startswith(
+        "NTM(\n  4, 3, controller='feedforward', controller_size=8, controller_layers=1, "
+        "memory_size=7, memory_width=5, read_heads=1, write_heads=1, shift_range=1, "
+        "memory_init='constant', max_beta=None, max_gamma=3.0\n")
+
+
+def test_an_unknown_keyword_argument_lists_the_valid_ones():
+    with pytest.raises(TypeError, match=r"NTMCell got unexpected keyword argument\(s\) "
+                                        r"memory_sise; valid: controller, controller_size, "):
+        build(NTMCell, memory_sise=9)

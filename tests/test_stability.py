@@ -85,7 +85,7 @@ def test_checkpoints_from_before_the_caps_load_unbounded(tmp_path):
 
     config = resolve_config("copy", overrides=["controller_size=8", "memory_size=8",
                                                "memory_width=4", "max_gamma=3"])
-    from torch_ntm.checkpoint import build_model, build_task
+    from torch_ntm.factories import build_model, build_task
 
     model = build_model(config, build_task(config))
     assert model.max_gamma == 3.0

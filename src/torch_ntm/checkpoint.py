@@ -21,7 +21,6 @@ must be a regular file.
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import fcntl
 import hashlib
 import json
@@ -37,17 +36,12 @@ from safetensors.torch import load as st_load
 from safetensors.torch import save as st_save
 from torch import nn
 
-from torch_ntm.baseline import LSTMBaseline
-from torch_ntm.config import ConfigError, TrainConfig, check_memory_size
-from torch_ntm.model import NTM
-from torch_ntm.tasks import make_task
+from torch_ntm.config import ConfigError, TrainConfig
+from torch_ntm.factories import build_model, build_task, model_config
 
 __all__ = [
     "CheckpointError",
     "Checkpoint",
-    "build_task",
-    "build_model",
-    "model_config",
     "save_checkpoint",
     "load_checkpoint",
     "find_checkpoint",
@@ -73,60 +67,6 @@ _TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state|
 
 class CheckpointError(Exception):
     """A checkpoint that cannot be used; the message names the file and the problem."""
-
-
-def build_task(config: TrainConfig, **task_overrides):
-    """The task a config trains on (``config.task`` with ``config.task_params``).
-
-    Raises:
-        ConfigError: the task rejects its parameters (e.g. ``min_length`` > ``max_length``).
-    """
-    try:
-        return make_task(config.task, **{**config.task_params, **task_overrides})
-    except (ValueError, TypeError) as e:
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"the task cannot be built from this config: {e}") from None
-
-
-def model_config(config: TrainConfig, task) -> dict:
-    """Constructor arguments of the model a config describes; ``task`` (or a model) gives the
-    input and output widths."""
-    if config.model == "lstm":
-        return {"kind": "lstm", "input_size": task.input_size, "output_size": task.output_size,
-                "hidden_size": config.controller_size, "num_layers": config.controller_layers}
-    if config.model != "ntm":
-        raise ConfigError(f"model must be 'ntm' or 'lstm', got {config.model!r}")
-    return {
-        "kind": "ntm", "input_size": task.input_size, "output_size": task.output_size,
-        "controller": config.controller, "controller_size": config.controller_size,
-        "controller_layers": config.controller_layers, "memory_size": config.memory_size,
-        "memory_width": config.memory_width, "read_heads": config.read_heads,
-        "write_heads": config.write_heads, "shift_range": config.shift_range,
-        "memory_init": config.memory_init,
-        "max_beta": config.max_beta or None, "max_gamma": config.max_gamma or None,
-    }
-
-
-def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Module:
-    """A freshly initialised model for ``config`` (``overrides``, e.g. ``memory_size=1024``)."""
-    kwargs = {**model_config(config, task), **overrides}
-    kind = kwargs.pop("kind")
-    try:
-        if kind == "lstm":
-            unused = set(overrides) - {"hidden_size", "num_layers"}
-            if unused:
-                raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
-            return LSTMBaseline(**kwargs, device=device)
-        kwargs.setdefault("engine", config.engine)
-        if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
-            check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
-                              source="the model")
-        return NTM(**kwargs, device=device)
-    except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
-        if isinstance(e, ConfigError):
-            raise
-        raise ConfigError(f"the model cannot be built from this config: {e}") from None
 
 
 def _sha256(path: Path) -> str:
@@ -218,7 +158,7 @@ def save_checkpoint(
     record = {
         "format": FORMAT,
         "version": VERSION,
-        "config": dataclasses.asdict(config),
+        "config": config.to_dict(),
         "model": model_config(config, model),
         "step": step,
         "sequences": sequences,

@@ -118,8 +118,9 @@ def _cmd_train(args) -> int:
     import contextlib
     import dataclasses
 
-    from torch_ntm.checkpoint import build_model, build_task, clear_run, load_checkpoint, lock_run
+    from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
     from torch_ntm.config import ConfigError, apply_overrides, resolve_config
+    from torch_ntm.factories import build_model, build_task
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 writes
     if args.resume is not None:
@@ -237,9 +238,10 @@ def _checkpoint_arg(args) -> Path:
 
 
 def _cmd_evaluate(args) -> int:
-    from torch_ntm.checkpoint import build_task, load_checkpoint
-    from torch_ntm.config import ConfigError, apply_task_overrides
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.config import ConfigError, apply_overrides
     from torch_ntm.evaluate import evaluate_sizes, format_table
+    from torch_ntm.factories import build_task
 
     if args.sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")
@@ -248,7 +250,7 @@ def _cmd_evaluate(args) -> int:
     model = ckpt.model(**overrides)
     task = ckpt.task()
     if args.task_overrides:
-        config = apply_task_overrides(ckpt.config, args.task_overrides)
+        config = apply_overrides(ckpt.config, args.task_overrides, "--task-set", prefix="task.")
         changed = build_task(config)
         if (changed.input_size, changed.output_size) != (task.input_size, task.output_size):
             raise ConfigError("--task-set: the change alters the task's input or output width, "

@@ -1,8 +1,9 @@
-"""Training configurations: one flat dataclass, the paper's presets, and ``--set key=value``.
+"""Training configurations: one dataclass, the paper's presets, and ``--set key=value``.
 
 A run is fully described by a `TrainConfig`; it is printed at the start of a run and saved with
-every checkpoint, so evaluation needs nothing else. Task parameters (the fields of the task's own
-dataclass in `torch_ntm.tasks`) are set with a ``task.`` prefix: ``--set task.max_length=30``.
+every checkpoint, so evaluation needs nothing else. The model's keys are those of
+`torch_ntm.model.NTMOptions`; the task's parameters are the task's own dataclass in
+`torch_ntm.tasks`, nested in the config and set with dotted keys: ``--set task.max_length=30``.
 """
 
 from __future__ import annotations
@@ -13,9 +14,12 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from torch_ntm.model import ENGINES, NTMOptions
+from torch_ntm.tasks import TASKS, Task, make_task
+
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
-    "apply_task_overrides", "resolve_device", "check_memory_size",
+    "resolve_device", "check_memory_size",
 ]
 
 
@@ -24,29 +28,24 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig:
+class TrainConfig(NTMOptions):
     """Everything that defines a training run.
 
-    The model fields are the `NTM` constructor arguments; ``model="lstm"`` trains the LSTM
-    baseline of the paper instead (``controller_size`` units x ``controller_layers`` layers).
+    The model fields are those of `NTMOptions` (the `NTM` constructor arguments); ``model="lstm"``
+    trains the LSTM baseline of the paper instead (``controller_size`` units x
+    ``controller_layers`` layers).
     """
 
-    task: str = "copy"
-    task_params: dict = field(default_factory=dict)
+    task: str = "copy"  # a name in `torch_ntm.tasks.TASKS`
+    # The task's parameters: an instance of the task's dataclass (`CopyTask` for "copy", ...),
+    # set as task.KEY. A dict of parameters (as config.json holds them) is turned into one.
+    task_params: Task | dict = field(default_factory=dict)
     preset: str = "ntm-lstm"
-    # Model.
+    # Model: the fields of `NTMOptions`, and these. The soft caps of beta and gamma are 0 for
+    # None (unbounded: the paper's softplus and 1 + softplus), as config.json has always held them.
     model: str = "ntm"  # "ntm" or "lstm" (baseline)
-    controller: str = "lstm"
-    controller_size: int = 100
-    controller_layers: int = 1
-    memory_size: int = 128
-    memory_width: int = 20
-    read_heads: int = 1
-    write_heads: int = 1
-    shift_range: int = 1
-    memory_init: str = "constant"
-    max_beta: float = 0.0  # soft cap of the key strength beta; 0: unbounded (the paper's softplus)
-    max_gamma: float = 0.0  # soft cap of the sharpening gamma; 0: unbounded (1 + softplus)
+    max_beta: float = 0.0
+    max_gamma: float = 0.0
     engine: str = "compiled"  # NTM.forward's engine: "compiled", "fast" or "eager" (same function)
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
@@ -88,11 +87,31 @@ class TrainConfig:
     log_every: int = 50  # optimizer steps between CSV/TensorBoard rows
     device: str = "cpu"
 
+    def __post_init__(self) -> None:
+        if isinstance(self.task_params, dict) and isinstance(self.task, str):  # else: `check`
+            self.task_params = make_task(self.task, **self.task_params)
+
+    def model_options(self) -> NTMOptions:
+        """The architecture this config describes (a cap of 0 is None: unbounded)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(NTMOptions)}
+        return NTMOptions(**{**values, "max_beta": self.max_beta or None,
+                             "max_gamma": self.max_gamma or None})
+
+    def to_dict(self) -> dict:
+        """The config as config.json holds it: flat, but for ``task_params``, the task's
+        parameters that differ from their defaults."""
+        data = dataclasses.asdict(self)
+        task, default = self.task_params, type(self.task_params)()
+        data["task_params"] = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)
+                               if getattr(task, f.name) != getattr(default, f.name)}
+        return data
+
     def to_json(self) -> str:
-        return json.dumps(dataclasses.asdict(self), indent=2, sort_keys=True)
+        return json.dumps(self.to_dict(), indent=2, sort_keys=True)
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> "TrainConfig":
+        """The config that `to_dict` gave, checked."""
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
@@ -100,26 +119,38 @@ class TrainConfig:
                 f"{source}: unknown key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(sorted(valid))}"
             )
-        config = cls(**data)
+        try:
+            config = cls(**data)
+        except ValueError as e:  # the task rejects its name or parameters
+            raise ConfigError(f"{source}: {e}") from None
         config.check(source)
         return config
 
     def check(self, source: str = "config") -> None:
         """Raise `ConfigError` naming the first key whose value has the wrong type, is out of
         range, or is not one of the key's choices."""
+        hints = typing.get_type_hints(TrainConfig)
         for f in dataclasses.fields(self):
-            _check_type(f.name, getattr(self, f.name), _field_type(f), source)
+            if f.name != "task_params":  # a task checks its parameters when it is made
+                _check_type(f.name, getattr(self, f.name), hints[f.name], source)
+        if type(self.task_params) is not TASKS.get(self.task):
+            raise ConfigError(f"{source}: task_params must be the parameters of task "
+                              f"{self.task!r}, got {self.task_params!r}")
         for key, (test, wanted) in _RANGES.items():
             value = getattr(self, key)
             if not test(value):
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
         self.check_choices(source)
+        try:
+            self.model_options().checked()
+        except ValueError as e:
+            raise ConfigError(f"the model cannot be built from this config: {e}") from None
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
         check_sequence_steps(self, source)
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
-        for key, valid in _choices().items():
+        for key, valid in _CHOICES.items():
             value = getattr(self, key)
             if value not in valid:
                 raise ConfigError(
@@ -136,14 +167,12 @@ def _finite(lo: float, hi: float = math.inf, lo_open=False, hi_open=False):
 
 
 _AT_LEAST_1 = (lambda v: v >= 1, "an integer >= 1")
-_AT_LEAST_0 = (lambda v: v >= 0, "an integer >= 0")
-# The range of every number in a config; a value outside is a mistake, caught before training.
+# The range of every number in a config but the model's (`NTMOptions.checked` checks those);
+# a value outside is a mistake, caught before training.
 _RANGES = {
     **{key: _AT_LEAST_1 for key in (
-        "controller_size", "controller_layers", "memory_size", "memory_width", "batch_size",
-        "max_sequences", "eval_every", "eval_sequences", "patience_evals", "threads",
-        "log_every")},
-    **{key: _AT_LEAST_0 for key in ("read_heads", "write_heads", "shift_range")},
+        "batch_size", "max_sequences", "eval_every", "eval_sequences", "patience_evals",
+        "threads", "log_every")},
     "seed": (lambda v: 0 <= v < 2**64, "an integer from 0 to 2**64 - 1"),
     "lr": (_finite(0, lo_open=True), "a finite number > 0"),
     "momentum": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
@@ -154,9 +183,6 @@ _RANGES = {
     "max_seconds": (_finite(0), "a finite number >= 0 (0 means no limit)"),
     "eval_size_sequences": _AT_LEAST_1,
     "clip_spikes": (lambda v: v == 0 or _finite(1)(v), "0 (off) or a finite number >= 1"),
-    "max_beta": (_finite(0), "a finite number > 0, or 0 for the paper's unbounded beta"),
-    "max_gamma": (lambda v: v == 0 or _finite(1, lo_open=True)(v),
-                  "a finite number > 1, or 0 for the paper's unbounded gamma"),
     **{key: (_finite(-math.inf), "a finite number (< 0 disables)")
        for key in ("lr_decay_bit_errors", "rollback_bit_errors", "stop_bit_errors")},
 }
@@ -176,12 +202,7 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     has more than `MAX_SEQUENCE_STEPS` time steps."""
     import torch
 
-    from torch_ntm.tasks import make_task
-
-    try:
-        task = make_task(config.task, **config.task_params)
-    except (ValueError, TypeError):
-        return  # the task's own error, raised where the task is built, says more
+    task = config.task_params
     for size in (task.train_size, *config.eval_sizes):
         sample = task.with_size(size).sample(1, torch.Generator().manual_seed(0))
         steps = sample.inputs.shape[0]
@@ -206,11 +227,8 @@ def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
         )
 
 
-def _choices() -> dict[str, tuple[str, ...]]:
-    from torch_ntm.model import CONTROLLERS, ENGINES, MEMORY_INITS
-
-    return {"model": ("ntm", "lstm"), "controller": tuple(CONTROLLERS),
-            "memory_init": MEMORY_INITS, "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
+# The keys with a fixed set of values but the model's (`NTMOptions.checked` checks those).
+_CHOICES = {"model": ("ntm", "lstm"), "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
 
 
 # Presets from the paper's tables 1-3 (architecture, heads, memory and learning rate). "#heads"
@@ -297,11 +315,6 @@ PRESETS: dict[str, dict[str, dict]] = {
 }
 
 
-def _field_type(f: dataclasses.Field):
-    hints = typing.get_type_hints(TrainConfig)
-    return hints[f.name]
-
-
 def _check_type(name: str, value, expected, source: str) -> None:
     if typing.get_origin(expected) is list:  # list[int]
         if not isinstance(value, list) or not all(
@@ -350,14 +363,6 @@ def _parse_value(text: str, expected, name: str, option: str = "--set"):
     raise ConfigError(f"{option} {name}={text}: expected {kind}")
 
 
-def _task_field_types(task: str) -> dict:
-    from torch_ntm.tasks import TASKS
-
-    cls = TASKS[task]
-    hints = typing.get_type_hints(cls)
-    return {f.name: hints[f.name] for f in dataclasses.fields(cls) if f.init}
-
-
 def _split(item: str, option: str) -> tuple[str, str]:
     key, sep, text = item.partition("=")
     key = key.strip()
@@ -366,56 +371,82 @@ def _split(item: str, option: str) -> tuple[str, str]:
     return key, text
 
 
-def _task_param(config: TrainConfig, name: str, text: str, option: str, prefix: str):
-    """The value of task parameter ``name`` given as ``text`` on the command line as
-    ``option prefix+name=text``."""
-    types = _task_field_types(config.task)
-    if name not in types:
-        raise ConfigError(
-            f"{option} {prefix}{name}: task {config.task!r} has no parameter {name!r}; valid: "
-            + ", ".join(f"{prefix}{n}" for n in sorted(types))
-        )
-    return _parse_value(text, types[name], prefix + name, option)
+def _keys(obj) -> dict[str, str]:
+    """The keys of a `TrainConfig` or a task that ``--set`` may give, and the field of each:
+    every field, but a config's ``task`` names its task's parameters (``task.max_length``), and
+    its task and preset themselves are chosen on the command line."""
+    keys = {f.name: f.name for f in dataclasses.fields(obj)}
+    if isinstance(obj, TrainConfig):
+        del keys["task_params"], keys["preset"]
+        keys["task"] = "task_params"
+    return keys
 
 
-def apply_task_overrides(config: TrainConfig, overrides: list[str],
-                         option: str = "--task-set") -> TrainConfig:
-    """Apply ``key=value`` strings to the task's own parameters only, type-checked; errors name
-    ``option`` (as ``ntm evaluate --task-set`` takes them)."""
-    task_params = dict(config.task_params)
+def _valid_keys(obj, group: str) -> str:
+    """The keys of ``obj`` as ``--set`` gives them, inside ``group`` (e.g. ``"task."``)."""
+    keys = _keys(obj)
+    return ", ".join(group + key + (".<key>" if dataclasses.is_dataclass(getattr(obj, keys[key]))
+                                    else "") for key in sorted(keys))
+
+
+def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
+           changes: dict) -> None:
+    """Parse ``prefix + key = text`` to the type of the field that the dotted key names and put
+    it in ``changes``, a dict of the config's changes by key (a nested dict for a nested
+    dataclass). Errors show keys as given, without ``prefix``."""
+    obj, names = config, (prefix + key).split(".")
+    for depth, name in enumerate(names):
+        path = ".".join(names[: depth + 1])[len(prefix) :]  # as given
+        keys = _keys(obj)
+        if name not in keys:
+            raise ConfigError(f"{option} {path}: unknown key; valid keys: "
+                              f"{_valid_keys(obj, path[: len(path) - len(name)])}")
+        value, last = getattr(obj, keys[name]), depth == len(names) - 1
+        if dataclasses.is_dataclass(value):
+            if last:
+                raise ConfigError(f"{option} {path}: holds keys, not a value; valid keys: "
+                                  f"{_valid_keys(value, path + '.')}")
+            obj, changes = value, changes.setdefault(name, {})
+        elif not last:
+            raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
+        else:
+            hint = typing.get_type_hints(type(obj))[keys[name]]
+            changes[name] = _parse_value(text, hint, path, option)
+
+
+def _replace(obj, changes: dict, name: str = "config"):
+    """``obj`` with the ``changes`` that `_parse` gave made to it; a nested dataclass (a task)
+    is rebuilt once with all of its changes, and checks them together."""
+    keys = _keys(obj)
+    values = {keys[key]: _replace(getattr(obj, keys[key]), change, key)
+              if isinstance(change, dict) else change for key, change in changes.items()}
+    try:
+        return dataclasses.replace(obj, **values)
+    except ValueError as e:  # a task rejects its parameters
+        raise ConfigError(f"the {name} cannot be built from this config: {e}") from None
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str], option: str = "--set",
+                    prefix: str = "") -> TrainConfig:
+    """Apply ``key=value`` strings, each parsed to its key's type, then check the config.
+
+    A dotted key sets a key of a nested dataclass: ``task.max_length=30`` the task's. ``prefix``
+    goes before every key (``ntm evaluate --task-set max_length=30`` is ``prefix="task."``);
+    errors name ``option`` and the keys as given. All changes are made at once, so that a task's
+    ``min_length`` and ``max_length`` may be raised together.
+    """
+    changes: dict = {}
     for item in overrides:
         key, text = _split(item, option)
-        task_params[key] = _task_param(config, key, text, option, prefix="")
-    return dataclasses.replace(config, task_params=task_params)
-
-
-def apply_overrides(config: TrainConfig, overrides: list[str]) -> TrainConfig:
-    """Apply ``key=value`` strings (``task.key=value`` for task parameters), type-checked."""
-    fields = {f.name: f for f in dataclasses.fields(TrainConfig)}
-    settable = sorted(set(fields) - {"task", "task_params", "preset"})
-    changes, task_params = {}, dict(config.task_params)
-    for item in overrides:
-        key, text = _split(item, "--set")
-        if key.startswith("task."):
-            name = key[len("task.") :]
-            task_params[name] = _task_param(config, name, text, "--set", prefix="task.")
-        elif key in settable:
-            changes[key] = _parse_value(text, _field_type(fields[key]), key)
-        else:
-            raise ConfigError(
-                f"--set {key}: unknown key; valid keys: {', '.join(settable)}, "
-                f"or task.<parameter> for the task's own parameters"
-            )
-    config = dataclasses.replace(config, task_params=task_params, **changes)
-    config.check("--set")
+        _parse(config, key, text, option, prefix, changes)
+    config = _replace(config, changes)
+    config.check(option)
     return config
 
 
 def resolve_config(task: str, preset: str | None = None, overrides: list[str] = (),
                    seed: int | None = None) -> TrainConfig:
     """The default config of ``task``, its ``preset`` applied, then ``overrides``, then seed."""
-    from torch_ntm.tasks import TASKS
-
     if task not in TASKS:
         raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
     presets = PRESETS[task]

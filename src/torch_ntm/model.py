@@ -17,7 +17,10 @@ depends on the number of memory rows N, so a trained model can be rebuilt with a
 
 from __future__ import annotations
 
+import dataclasses
+import inspect
 import math
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -27,7 +30,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from torch_ntm import functional as ntmf
 
-__all__ = ["NTM", "NTMCell", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS", "ENGINES"]
+__all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
+           "ENGINES"]
 
 # Constant memory initialisation: small but non-zero, as recommended in the NTM literature
 # (Collier & Beel 2018, "Implementing Neural Turing Machines").
@@ -217,69 +221,105 @@ def _shapes(value):
     return type(value).__name__
 
 
+@dataclass
+class NTMOptions:
+    """The architecture of an NTM: the keyword arguments of `NTM` and `NTMCell` but
+    ``batch_first``, ``engine``, ``device`` and ``dtype``, with their types and defaults (what
+    each means is documented in `NTM`).
+
+    The one list of them: the modules' signatures, checks, ``repr`` and ``config()`` read it,
+    `torch_ntm.config.TrainConfig` inherits its fields as config keys, and
+    `torch_ntm.factories.model_config` records it in checkpoints.
+    """
+
+    controller: str = "lstm"
+    controller_size: int = 100
+    controller_layers: int = 1
+    memory_size: int = 128
+    memory_width: int = 20
+    read_heads: int = 1
+    write_heads: int = 1
+    shift_range: int = 1
+    memory_init: str = "constant"
+    max_beta: float | None = None
+    max_gamma: float | None = None
+
+    def checked(self) -> NTMOptions:
+        """These options, with the caps as floats.
+
+        Raises:
+            ValueError: naming the first invalid option and what it must be.
+        """
+        _choice("controller", self.controller, CONTROLLERS)
+        for name in ("controller_size", "controller_layers", "memory_size", "memory_width",
+                     "read_heads"):
+            _positive_int(name, getattr(self, name))
+        for name in ("write_heads", "shift_range"):
+            _positive_int(name, getattr(self, name), minimum=0)
+        _choice("memory_init", self.memory_init, MEMORY_INITS)
+        caps = {"max_beta": _bound("max_beta", self.max_beta, 0.0),
+                "max_gamma": _bound("max_gamma", self.max_gamma, 1.0)}
+        if 2 * self.shift_range + 1 > self.memory_size:
+            raise ValueError(
+                f"shift_range={self.shift_range} needs 2*shift_range+1 <= memory_size, "
+                f"got memory_size={self.memory_size}"
+            )
+        return dataclasses.replace(self, **caps)
+
+
+def _options_in_signature(init):
+    """Show the `NTMOptions` as keyword arguments in the signature of ``init``, an
+    ``__init__(self, input_size, output_size, *, ..., **options)``, for ``help`` and ``inspect``."""
+    signature = inspect.signature(init)
+    *params, _ = signature.parameters.values()  # without **options
+    options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
+                                 annotation=f.type) for f in dataclasses.fields(NTMOptions)]
+    init.__signature__ = signature.replace(parameters=params[:3] + options + params[3:])
+    return init
+
+
 class _NTMBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `NTMCell` and `NTM`.
 
     Both subclasses build exactly these submodules, so their `state_dict`s are interchangeable.
     """
 
-    def __init__(
-        self,
-        input_size: int,
-        output_size: int,
-        *,
-        controller: str = "lstm",
-        controller_size: int = 100,
-        controller_layers: int = 1,
-        memory_size: int = 128,
-        memory_width: int = 20,
-        read_heads: int = 1,
-        write_heads: int = 1,
-        shift_range: int = 1,
-        memory_init: str = "constant",
-        max_beta: float | None = None,
-        max_gamma: float | None = None,
-        device=None,
-        dtype=None,
-    ) -> None:
+    @_options_in_signature
+    def __init__(self, input_size: int, output_size: int, *, device=None, dtype=None,
+                 **options) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.input_size = _positive_int("input_size", input_size)
         self.output_size = _positive_int("output_size", output_size)
-        self.controller_type = _choice("controller", controller, CONTROLLERS)
-        self.controller_size = _positive_int("controller_size", controller_size)
-        self.controller_layers = _positive_int("controller_layers", controller_layers)
-        self.memory_size = _positive_int("memory_size", memory_size)
-        self.memory_width = _positive_int("memory_width", memory_width)
-        self.read_heads = _positive_int("read_heads", read_heads)
-        self.write_heads = _positive_int("write_heads", write_heads, minimum=0)
-        self.shift_range = _positive_int("shift_range", shift_range, minimum=0)
-        self.memory_init = _choice("memory_init", memory_init, MEMORY_INITS)
-        self.max_beta = _bound("max_beta", max_beta, 0.0)
-        self.max_gamma = _bound("max_gamma", max_gamma, 1.0)
-        if 2 * shift_range + 1 > memory_size:
-            raise ValueError(
-                f"shift_range={shift_range} needs 2*shift_range+1 <= memory_size, "
-                f"got memory_size={memory_size}"
-            )
+        valid = [f.name for f in dataclasses.fields(NTMOptions)]
+        unknown = sorted(set(options) - set(valid))
+        if unknown:
+            raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
+                            f"{', '.join(unknown)}; valid: {', '.join(valid)}")
+        self.options = NTMOptions(**options).checked()
+        # Each option is an attribute too (ntm.memory_size); the controller's name is
+        # controller_type, as ntm.controller is the controller module.
+        for name, value in dataclasses.asdict(self.options).items():
+            setattr(self, "controller_type" if name == "controller" else name, value)
 
-        m, shifts = memory_width, 2 * shift_range + 1
+        opt = self.options
+        m, shifts = opt.memory_width, 2 * opt.shift_range + 1
         self._read_fields = _head_fields(m, shifts, write=False)
         self._write_fields = _head_fields(m, shifts, write=True)
-        self._read_split = read_heads * sum(self._read_fields)
-        n_params = self._read_split + write_heads * sum(self._write_fields)
+        self._read_split = opt.read_heads * sum(self._read_fields)
+        n_params = self._read_split + opt.write_heads * sum(self._write_fields)
 
-        self.controller = CONTROLLERS[controller](
-            input_size + read_heads * m, controller_size, controller_layers, **factory
+        self.controller = CONTROLLERS[opt.controller](
+            input_size + opt.read_heads * m, opt.controller_size, opt.controller_layers, **factory
         )
-        self.head_params = nn.Linear(controller_size, n_params, **factory)  # all heads at once
-        self.output = nn.Linear(controller_size + read_heads * m, output_size, **factory)
+        self.head_params = nn.Linear(opt.controller_size, n_params, **factory)  # all heads at once
+        self.output = nn.Linear(opt.controller_size + opt.read_heads * m, output_size, **factory)
         # Learned initial read vectors, and the learned logit of row 0 in the initial weightings
         # (all other rows have logit 0): N-independent, focused on row 0 after initialisation.
-        self.reads0 = nn.Parameter(torch.empty(read_heads, m, **factory))
-        self.read_focus0 = nn.Parameter(torch.empty(read_heads, 1, **factory))
-        self.write_focus0 = nn.Parameter(torch.empty(write_heads, 1, **factory))
-        if memory_init == "learned":
+        self.reads0 = nn.Parameter(torch.empty(opt.read_heads, m, **factory))
+        self.read_focus0 = nn.Parameter(torch.empty(opt.read_heads, 1, **factory))
+        self.write_focus0 = nn.Parameter(torch.empty(opt.write_heads, 1, **factory))
+        if opt.memory_init == "learned":
             self.memory0 = nn.Parameter(torch.empty(m, **factory))  # one row, shared by all rows
         else:
             self.register_parameter("memory0", None)
@@ -298,32 +338,13 @@ class _NTMBase(nn.Module):
             nn.init.constant_(self.memory0, MEMORY_INIT_CONSTANT)
 
     def extra_repr(self) -> str:
-        return (
-            f"{self.input_size}, {self.output_size}, controller={self.controller_type!r}, "
-            f"controller_size={self.controller_size}, controller_layers={self.controller_layers}, "
-            f"memory_size={self.memory_size}, memory_width={self.memory_width}, "
-            f"read_heads={self.read_heads}, write_heads={self.write_heads}, "
-            f"shift_range={self.shift_range}, memory_init={self.memory_init!r}, "
-            f"max_beta={self.max_beta}, max_gamma={self.max_gamma}"
-        )
+        options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
+        return f"{self.input_size}, {self.output_size}, {options}"
 
     def config(self) -> dict:
         """The constructor arguments (sizes and options) that rebuild this module's shape."""
-        return {
-            "input_size": self.input_size,
-            "output_size": self.output_size,
-            "controller": self.controller_type,
-            "controller_size": self.controller_size,
-            "controller_layers": self.controller_layers,
-            "memory_size": self.memory_size,
-            "memory_width": self.memory_width,
-            "read_heads": self.read_heads,
-            "write_heads": self.write_heads,
-            "shift_range": self.shift_range,
-            "memory_init": self.memory_init,
-            "max_beta": self.max_beta,
-            "max_gamma": self.max_gamma,
-        }
+        return {"input_size": self.input_size, "output_size": self.output_size,
+                **dataclasses.asdict(self.options)}
 
     def initial_state(self, batch_size: int, device=None, dtype=None) -> NTMState:
         """The learned initial state for a batch.
@@ -526,15 +547,20 @@ class NTM(_NTMBase):
             May be changed on a built module by assigning ``ntm.engine``.
         device, dtype: of the parameters.
 
+    The arguments from ``controller`` to ``max_gamma`` are the fields of `NTMOptions`:
+    ``ntm.options`` holds them, and each is an attribute too (``ntm.memory_size``; the
+    controller's name is ``ntm.controller_type``).
+
     Example::
 
         ntm = NTM(9, 8)
         logits, state = ntm(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
+    @_options_in_signature
     def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
-                 engine: str = "fast", **kwargs):
-        super().__init__(input_size, output_size, **kwargs)
+                 engine: str = "fast", device=None, dtype=None, **options):
+        super().__init__(input_size, output_size, device=device, dtype=dtype, **options)
         self.batch_first = bool(batch_first)
         self.engine = engine
 

@@ -31,14 +31,9 @@ import threading
 import time
 from pathlib import Path
 
-from torch_ntm.checkpoint import (
-    CHECKPOINT_JSON,
-    CheckpointError,
-    build_model,
-    build_task,
-    load_checkpoint,
-)
+from torch_ntm.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint
 from torch_ntm.config import ConfigError, resolve_config
+from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import read_metrics
 
 __all__ = ["run_sweep", "summarise", "format_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO"]

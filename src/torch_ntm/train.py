@@ -23,14 +23,13 @@ import torch
 from torch import nn
 
 from torch_ntm.checkpoint import (
-    build_model,
-    build_task,
     load_checkpoint,
     lock_run,
     save_checkpoint,
 )
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
+from torch_ntm.factories import build_model, build_task
 from torch_ntm.metrics import bit_errors, masked_bce
 from torch_ntm.runlog import MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip

@@ -71,7 +71,7 @@ def info(name: str, *, root: str | os.PathLike | None = None) -> dict:
     """
     ckpt = _checkpoint(name, root)
     config = ckpt.config
-    return {"name": name, "task": config.task, "task_params": dict(config.task_params),
+    return {"name": name, "task": config.task, "task_params": config.to_dict()["task_params"],
             "preset": config.preset, "model": config.model, "step": ckpt.step,
             "sequences": ckpt.sequences, "elapsed_s": ckpt.elapsed_s,
             "metrics": dict(ckpt.metrics)}

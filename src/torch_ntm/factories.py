@@ -1,0 +1,58 @@
+"""What a `TrainConfig` builds: its task and its model (an `NTM` or the LSTM baseline)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from torch import nn
+
+from torch_ntm.baseline import LSTMBaseline
+from torch_ntm.config import ConfigError, TrainConfig, check_memory_size
+from torch_ntm.model import NTM
+
+__all__ = ["build_task", "model_config", "build_model"]
+
+
+def build_task(config: TrainConfig, **task_overrides):
+    """A copy of the task a config trains on (``config.task_params``), with ``task_overrides``.
+
+    Raises:
+        ConfigError: the task rejects the overrides (e.g. ``min_length`` > ``max_length``).
+    """
+    try:
+        return dataclasses.replace(config.task_params, **task_overrides)
+    except (ValueError, TypeError) as e:
+        raise ConfigError(f"the task cannot be built from this config: {e}") from None
+
+
+def model_config(config: TrainConfig, task) -> dict:
+    """Constructor arguments of the model a config describes; ``task`` (or a model) gives the
+    input and output widths."""
+    sizes = {"input_size": task.input_size, "output_size": task.output_size}
+    if config.model == "lstm":
+        return {"kind": "lstm", **sizes, "hidden_size": config.controller_size,
+                "num_layers": config.controller_layers}
+    if config.model != "ntm":
+        raise ConfigError(f"model must be 'ntm' or 'lstm', got {config.model!r}")
+    return {"kind": "ntm", **sizes, **dataclasses.asdict(config.model_options())}
+
+
+def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Module:
+    """A freshly initialised model for ``config`` (``overrides``, e.g. ``memory_size=1024``)."""
+    kwargs = {**model_config(config, task), **overrides}
+    kind = kwargs.pop("kind")
+    try:
+        if kind == "lstm":
+            unused = set(overrides) - {"hidden_size", "num_layers"}
+            if unused:
+                raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
+            return LSTMBaseline(**kwargs, device=device)
+        kwargs.setdefault("engine", config.engine)
+        if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
+            check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
+                              source="the model")
+        return NTM(**kwargs, device=device)
+    except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
+        if isinstance(e, ConfigError):
+            raise
+        raise ConfigError(f"the model cannot be built from this config: {e}") from None
