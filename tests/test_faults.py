@@ -350,6 +350,11 @@ def test_other_commands_check_their_values(run, tmp_path, capsys):
         (["pretrained", "export", str(run), "x", "--dest", str(tmp_path / "file")],
          "exists and is not a directory"),
         (["curves", str(run), "--out", str(tmp_path)], "is a directory"),
+        # n-grams sequences are at least 6 long: a size the task refuses is a user's mistake
+        (["evaluate", "--pretrained", "ngrams", "--lengths", "5"],
+         "--lengths 5: not a length of this task"),
+        (["plot", "--pretrained", "ngrams", "--length", "5", "--out", str(tmp_path / "f")],
+         "--length 5: not a length of this task"),
     ]
     for argv, message in cases:
         assert message in one_line_error(capsys, argv), argv

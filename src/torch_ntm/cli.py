@@ -257,12 +257,24 @@ def _cmd_evaluate(args) -> int:
                               "which the trained model cannot take")
         task = changed
     sizes = args.lengths or list(task.eval_sizes)
+    for size in sizes:
+        _check_size(task, size, "--lengths")
     rows = evaluate_sizes(model, task, sizes, num_sequences=args.sequences)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(format_table(rows))
     return 0
+
+
+def _check_size(task, size: int, option: str) -> None:
+    """A `ConfigError` naming ``option`` if ``task`` has no sequences of ``size``."""
+    from torch_ntm.config import ConfigError
+
+    try:
+        task.with_size(size)
+    except ValueError as e:
+        raise ConfigError(f"{option} {size}: not a {task.size_name} of this task ({e})") from None
 
 
 def _cmd_plot(args) -> int:
@@ -274,6 +286,10 @@ def _cmd_plot(args) -> int:
     if args.out is not None and args.out.exists() and not args.out.is_dir():
         raise ConfigError(f"--out {args.out}: exists and is not a directory")
     checkpoint = _checkpoint_arg(args)
+    if args.length is not None:
+        from torch_ntm.checkpoint import load_checkpoint
+
+        _check_size(load_checkpoint(checkpoint).task(), args.length, "--length")
     out = args.out
     if out is None and args.pretrained is not None:  # never write into the installed package
         out = Path(f"figures-{args.pretrained}")
