@@ -442,6 +442,26 @@ def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, 
     assert load_checkpoint(out).step == step + 2
 
 
+@pytest.mark.parametrize("limit", [600, 12000])  # metrics.csv; the training state
+def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(tmp_path, limit):
+    """A file size limit (ulimit -f) fails some write of a run: the first metrics rows, a
+    checkpoint's weights or training state. One line, exit 1, and what is left loads."""
+    import resource
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    out = tmp_path / "run"
+    result = ntm(*train_argv(out, "--set", "max_sequences=40", "--set", "log_every=1"),
+                 preexec_fn=small_files)
+    assert result.returncode == 1, result.stderr
+    line = result.stderr.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("ntm: error: [Errno 27] File too large"), line
+    if (out / "checkpoint.json").exists():  # an earlier save completed: it is whole
+        assert load_checkpoint(out).step >= 1
+    assert not list(out.glob("*.tmp"))
+
+
 # -- SIGKILL: at random moments and inside saves, then resume: bit-identical -------------------
 
 KILLED = TINY_SET + ["--set", "log_every=1", "--set", "eval_every=3"]
