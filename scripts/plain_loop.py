@@ -1,16 +1,20 @@
 """Train NTMs with a user's plain loop, several seeds, and report converged / collapsed / NaN.
 
-The loop is what a user writes around `torch_ntm.NTM` with the README's recommendations: Adam,
-gradient-norm clipping at 10, batches of 16, one thread; no rollback, no learning-rate decay, no
-early stop. A seed *converges* at its first validation without a wrong bit; it then trains on to
-``--factor`` times the sequences that took, and *collapses* if a later validation has more than
-``--collapse-bits`` wrong bits per sequence. Every ``--log-every`` steps it also records the
-quantities of `torch_ntm.diagnostics` (gradient norms per group, update size, largest beta and
-gamma, weighting entropy, memory row norms), so a collapse can be looked at in the act.
+The loop is the README's (its "Training in your own loop"): Adam at the task preset's rate,
+`SpikeClip` (the gradient norm clipped at 1 and at 2x the median of the last 100 steps), batches
+of 16, one thread; no rollback, no learning-rate decay, no early stop. ``--clip-norm 10
+--clip-spikes 0`` is the loop that fell apart (docs/stability.md). A seed *converges* at its first
+validation without a wrong bit; it then trains on to ``--factor`` times the sequences that took,
+and *collapses* if a later validation has more than ``--collapse-bits`` wrong bits per sequence.
+Every ``--log-every`` steps it also records the quantities of `torch_ntm.diagnostics` (gradient
+norms per group, update size, largest beta and gamma, weighting entropy, memory row norms), so a
+collapse can be looked at in the act.
 
     python scripts/plain_loop.py copy --seeds 0-9 --out docs/sweeps/plain-copy
-    python scripts/plain_loop.py associative_recall --seeds 0-4 --out docs/sweeps/plain-recall
-    python scripts/plain_loop.py copy --seeds 0-4 --model-set sharpen_floor=0 --out /tmp/ablate
+    python scripts/plain_loop.py associative_recall --seeds 0-4 --eval-every 200 \
+        --max-sequences 1200000 --out docs/sweeps/plain-recall
+    python scripts/plain_loop.py copy --seeds 0-4 --clip-norm 10 --clip-spikes 0 \
+        --model-set max_gamma=3 --out /tmp/ablate
 
 Writes ``OUT/seed-S.csv`` per seed and ``OUT/report.json`` and ``OUT/report.md`` for all.
 """
@@ -151,10 +155,10 @@ def main() -> None:
     p.add_argument("task")
     p.add_argument("--seeds", type=seeds_arg, default=[0])
     p.add_argument("--out", type=Path, required=True)
-    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--lr", type=float, default=None, help="default: the task preset's")
     p.add_argument("--adam-eps", type=float, default=1e-8)
-    p.add_argument("--clip-norm", type=float, default=10.0)
-    p.add_argument("--clip-spikes", type=float, default=0.0, metavar="FACTOR",
+    p.add_argument("--clip-norm", type=float, default=1.0)
+    p.add_argument("--clip-spikes", type=float, default=2.0, metavar="FACTOR",
                    help="clip at FACTOR times the median recent norm too (SpikeClip)")
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--engine", default="compiled")
@@ -175,6 +179,8 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--verbose", action="store_true")
     args = p.parse_args()
+    if args.lr is None:
+        args.lr = resolve_config(args.task, "ntm-lstm").lr
     torch.set_num_threads(args.threads)
     if args.cosine_eps is not None:  # ablation: the cosine similarity's epsilon, every engine
         import torch_ntm.fast
