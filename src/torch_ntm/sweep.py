@@ -57,6 +57,7 @@ GOAL_TIME_RATIO = 3.0  # the slowest seed may take this many times the median ti
 DEFAULT_SEQUENCES = 50_000
 DEFAULT_JOBS = 2  # trainings at once on this machine (no --ray)
 RAY_INSTALL = "pip install 'torch-ntm[ray]'"
+_STOP_SECONDS = 120  # how long a stopped Ray sweep waits for its trainings' checkpoints
 
 # Keys the sweep sets itself, and the option to use instead.
 _OWN_KEYS = {"seed": "--first-seed", "max_sequences": "--sequences"}
@@ -405,7 +406,8 @@ class _Ray:
             try:
                 ray.init(address=address, log_to_driver=False, logging_level="WARNING",
                          **local)
-            except ConnectionError as e:
+            except ConnectionError as e:  # no cluster there
+                self._restore_sigterm()
                 raise ConfigError(f"--ray {address}: {e}") from None
         # No retries: a retried training would start again from the sweep's first decision.
         self.task = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_train_on_worker)
@@ -434,11 +436,11 @@ class _Ray:
     def close(self) -> None:
         if self.owned:
             self.ray.shutdown()
-            if threading.current_thread() is threading.main_thread():
-                signal.signal(signal.SIGTERM, self.sigterm)
+            self._restore_sigterm()
 
-
-_STOP_SECONDS = 120  # how long a stopped Ray sweep waits for its trainings' checkpoints
+    def _restore_sigterm(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.sigterm)
 
 
 def _train_on_worker(argv: list[str], log: str, append: bool) -> tuple[int, float, str]:
