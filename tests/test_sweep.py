@@ -1,7 +1,9 @@
-"""Seed sweeps: the report from hand-written run directories, and one real tiny sweep."""
+"""Seed sweeps: the report from hand-written run directories, grids of settings, and real tiny
+sweeps (in processes, and on a local Ray instance where Ray is installed)."""
 
 import json
 import os
+import statistics
 import subprocess
 import sys
 import time
@@ -11,7 +13,13 @@ import pytest
 
 from torch_ntm.cli import main
 from torch_ntm.runlog import read_metrics
-from torch_ntm.sweep import format_report, summarise
+from torch_ntm.sweep import (
+    GridPoint,
+    format_grid_report,
+    format_report,
+    parse_grid,
+    summarise,
+)
 
 HEADER = "step,sequences,elapsed_s,split,cost_bits,bit_errors,perfect"
 
@@ -141,6 +149,39 @@ def test_markdown_report(runs):
     ]
 
 
+def test_a_grid_is_every_combination_of_its_values_the_first_key_outermost():
+    assert parse_grid([]) == [GridPoint("", ())]  # no grid: one point, the sweep's folder
+    assert parse_grid(["lr=1e-3, 3e-3", "batch_size=16,32"]) == [
+        GridPoint("lr=1e-3,batch_size=16", ("lr=1e-3", "batch_size=16")),
+        GridPoint("lr=1e-3,batch_size=32", ("lr=1e-3", "batch_size=32")),
+        GridPoint("lr=3e-3,batch_size=16", ("lr=3e-3", "batch_size=16")),
+        GridPoint("lr=3e-3,batch_size=32", ("lr=3e-3", "batch_size=32")),
+    ]
+    # Semicolons separate values that hold commas themselves.
+    assert [p.overrides for p in parse_grid(["eval_sizes=40,120;80"])] == [
+        ("eval_sizes=40,120",), ("eval_sizes=80",)]
+
+
+def test_markdown_report_of_a_grid(runs):
+    names = {"lr=0.1": ["seed-0", "seed-4"], "lr=0.2": ["seed-1", "seed-2", "seed-3"]}
+    points = [{"point": point, **summarise([runs[n] for n in seeds])}
+              for point, seeds in names.items()]
+    text = format_grid_report({"title": "Sweep: copy, 2 grid points", "points": points})
+    lines = text.splitlines()
+    assert lines[:6] == [
+        "# Sweep: copy, 2 grid points",
+        "",
+        "| grid point | converged | median time (s) | median sequences | slowest / median "
+        "| collapsed | rolled back | diverged | NaN steps | goal |",
+        "|:---|:---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| lr=0.1 | 2/2 | 1.5 | 150 | 1.33 | 0 | 1 | 0 | 0 | met |",
+        "| lr=0.2 | 2/3 | 2.2 | 150 | 1.78 | 1 | 0 | 1 | 3 | not met |",
+    ]
+    # Then each point's own report, as a sweep without a grid has it.
+    assert "\n".join(lines[6:]) == "\n".join(
+        f"\n## {p['point']}\n\n{format_report(p)}" for p in points)
+
+
 TINY = ["--set", "task.max_length=2", "--set", "task.width=3", "--set", "memory_size=8",
         "--set", "memory_width=4", "--set", "controller_size=8", "--set", "engine=fast",
         "--set", "eval_every=5", "--set", "eval_sequences=16"]
@@ -199,6 +240,95 @@ def test_a_sweep_run_again_reuses_complete_seeds_and_resumes_the_others(tmp_path
     assert again["seeds"] == report["seeds"]
 
 
+@pytest.mark.slow
+def test_a_grid_sweep_trains_each_point_in_its_own_folder(tmp_path, capsys, monkeypatch):
+    out = tmp_path / "sweep"
+    argv = ["sweep", "copy", "--seeds", "1", "--grid", "lr=0.03,0.01", "--jobs", "2",
+            "--sequences", "32", "--out", str(out), *TINY]
+    assert main(argv) == 0
+    text = (out / "report.md").read_text()
+    assert text in capsys.readouterr().out + "\n"
+    report = json.loads((out / "report.json").read_text())
+    assert report["title"].endswith("32 sequences each, 2 grid points")
+    assert report["grid"] == ["lr=0.03,0.01"]
+    assert [p["point"] for p in report["points"]] == ["lr=0.03", "lr=0.01"]
+    for point, lr in zip(report["points"], (0.03, 0.01)):
+        run = out / point["point"] / "seed-0"
+        assert point["overrides"] == [point["point"]] and point["exit_codes"] == {"0": 0}
+        assert [r["run_dir"] for r in point["seeds"]] == [str(run)]
+        assert point["seeds"][0]["complete"]
+        config = json.loads((run / "config.json").read_text())
+        assert (config["lr"], config["seed"], config["max_sequences"]) == (lr, 0, 32)
+        assert f"\n| {point['point']} | " in text and f"\n## {point['point']}\n" in text
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("a training process was started")
+
+    monkeypatch.setattr("torch_ntm.sweep.subprocess.Popen", no_training)
+    assert main(argv) == 0  # all complete: nothing to train
+    again = json.loads((out / "report.json").read_text())
+    assert [p["reused"] for p in again["points"]] == [[0], [0]]
+    assert [p["seeds"] for p in again["points"]] == [p["seeds"] for p in report["points"]]
+
+
+@pytest.mark.slow
+def test_a_grid_sweep_on_a_local_ray_instance_reports_its_runs_metrics(tmp_path, capsys,
+                                                                      monkeypatch):
+    ray = pytest.importorskip("ray")
+    out = tmp_path / "sweep"
+    threshold = 2.0  # bit errors per sequence: lr=0.03 gets there within the budget
+    argv = ["sweep", "copy", "--seeds", "2", "--grid", "lr=0.03,0.01", "--ray", "--jobs", "2",
+            "--sequences", "240", "--out", str(out), *TINY, "--set", f"stop_bit_errors={threshold}"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out
+    assert printed.count("queued on Ray (") == 4 and printed.count("done after") == 4
+    assert not ray.is_initialized()  # the sweep's own local instance, shut down
+    report = json.loads((out / "report.json").read_text())
+    table = (out / "report.md").read_text().splitlines()
+    for point in report["points"]:
+        assert point["exit_codes"] == {"0": 0, "1": 0}
+        times, sequences = [], []
+        for row, seed in zip(point["seeds"], (0, 1)):
+            run = out / point["point"] / f"seed-{seed}"
+            assert row["seed"] == seed and row["run_dir"] == str(run) and row["complete"]
+            assert json.loads((run / "checkpoint.json").read_text())["sequences"] == 240
+            assert json.loads((run / "config.json").read_text())["threads"] == 1
+            rows = [r for r in read_metrics(run / "metrics.csv") if r["split"] in ("val",
+                                                                                 "rollback")]
+            first = next((r for r in rows if r["split"] == "val"
+                          and float(r["bit_errors"]) <= threshold), None)
+            assert row["converged"] == (first is not None)
+            if first is not None:
+                times.append(float(first["elapsed_s"]))
+                sequences.append(int(first["sequences"]))
+                assert (row["converged_s"], row["converged_sequences"]) == (times[-1],
+                                                                            sequences[-1])
+            assert row["final_bit_errors"] == float(rows[-1]["bit_errors"])
+        assert point["num_converged"] == len(times)
+        median = statistics.median(times) if times else None
+        assert point["median_converged_s"] == median
+        shown = "-" if median is None else f"{median:.1f}"
+        assert f"| {point['point']} | {len(times)}/2 | {shown} |" in "\n".join(table)
+    assert report["points"][0]["num_converged"] > 0  # the comparison above is not vacuous
+
+    def no_ray(*args, **kwargs):
+        raise AssertionError("Ray was started")
+
+    monkeypatch.setattr(ray, "init", no_ray)
+    assert main(argv) == 0  # all complete: nothing to train, no Ray to start
+    again = json.loads((out / "report.json").read_text())
+    assert [p["reused"] for p in again["points"]] == [[0, 1], [0, 1]]
+    assert [p["seeds"] for p in again["points"]] == [p["seeds"] for p in report["points"]]
+
+
+def test_ray_missing_is_one_line_saying_how_to_install_it(tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "ray", None)  # import ray raises ImportError
+    assert main(["sweep", "copy", "--ray", "--out", str(tmp_path / "sweep")]) == 2
+    assert capsys.readouterr().err == ("ntm: error: --ray needs Ray, which is not installed: "
+                                       "pip install 'torch-ntm[ray]'\n")
+    assert not (tmp_path / "sweep").exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["sweep", "sorting"], "ntm: error: unknown task 'sorting'; valid tasks: associative_recall"),
     (["sweep", "copy", "--seeds", "0"], "ntm: error: --seeds must be >= 1, got 0"),
@@ -208,6 +338,29 @@ def test_a_sweep_run_again_reuses_complete_seeds_and_resumes_the_others(tmp_path
     (["sweep", "copy", "--set", "max_sequences=9"], "ntm: error: --set max_sequences: the sweep"),
     (["sweep", "copy", "--set", "colour=red"], "ntm: error: --set colour: unknown key"),
     (["sweep", "copy", "--set", "task.max_length=0"], "ntm: error: the task cannot be built"),
+    (["sweep", "copy", "--grid", "colour=red,blue"], "ntm: error: --grid colour: unknown key; "
+                                                    "valid keys: amsgrad"),
+    (["sweep", "copy", "--grid", "lr=0.1,fast"], "ntm: error: --grid lr=fast: expected a value "
+                                                 "of type float"),
+    (["sweep", "copy", "--grid", "lr=0.1,-1"], "ntm: error: --grid: lr=-1.0 is out of range"),
+    (["sweep", "copy", "--grid", "task.size=3"], "ntm: error: --grid task.size: task 'copy' has "
+                                                 "no parameter 'size'"),
+    (["sweep", "copy", "--grid", "seed=1,2"], "ntm: error: --grid seed: the sweep sets seed "
+                                              "itself; use --first-seed"),
+    (["sweep", "copy", "--grid", "lr=0.1", "--set", "lr=0.2"], "ntm: error: --grid lr: also "
+                                                               "given with --set"),
+    (["sweep", "copy", "--grid", "lr=0.1", "--grid", "lr=0.2"], "ntm: error: --grid lr: given "
+                                                                "twice"),
+    (["sweep", "copy", "--grid", "lr=0.1,0.1"], "ntm: error: --grid lr=0.1,0.1: has an empty or "
+                                                "repeated value"),
+    (["sweep", "copy", "--grid", "lr"], "ntm: error: --grid expects key=value1,value2,..."),
+    (["sweep", "copy", "--grid", "device=../x"], "ntm: error: --grid device=../x: a value names "
+                                                 "the grid point's folder"),
+    # Each value alone is fine; one combination needs 7.45 GiB of memory per batch.
+    (["sweep", "copy", "--grid", "batch_size=16,1000", "--grid", "memory_size=128,100000"],
+     "ntm: error: grid point batch_size=1000,memory_size=100000: --grid: memory_size=100000 x "
+     "memory_width=20 needs 7.45 GiB"),
+    (["sweep", "copy", "--gpus-per-run", "1"], "ntm: error: --gpus-per-run needs --ray"),
 ])
 def test_sweep_mistakes_end_in_one_line_before_any_training(argv, message, tmp_path, capsys,
                                                            monkeypatch):

@@ -27,6 +27,7 @@ def _int_list(text: str) -> list[int]:
 
 
 def _parser() -> argparse.ArgumentParser:
+    from torch_ntm.sweep import RAY_INSTALL
     from torch_ntm.tasks import TASKS
 
     parser = argparse.ArgumentParser(
@@ -93,13 +94,23 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("task", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
     p.add_argument("--seeds", type=int, default=10, metavar="K", help="number of seeds (10)")
     p.add_argument("--first-seed", type=int, default=0, metavar="S", help="first seed (0)")
-    p.add_argument("--jobs", type=int, default=2, metavar="J", help="trainings at once (2)")
+    p.add_argument("--jobs", type=int, default=None, metavar="J",
+                   help="trainings at once (2; with --ray, as many as the cluster has CPUs)")
     p.add_argument("--preset", default=None, help="as for train (default ntm-lstm)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable), as for train")
+    p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
+                   help="train every seed with each value of a config key (repeatable: every "
+                   "combination), into OUT/KEY=V/seed-S; V1;V2 for list values")
     p.add_argument("--sequences", type=int, default=None, metavar="N",
                    help="training sequences per seed, past convergence (default 50,000)")
     p.add_argument("--out", type=Path, default=None, help="folder (default runs/sweep-TASK)")
+    p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
+                   help="start each training by a Ray task (one CPU each) on a new local Ray "
+                   "instance, or on the cluster at ADDRESS (auto: the one on this machine); "
+                   f"needs {RAY_INSTALL}")
+    p.add_argument("--gpus-per-run", type=float, default=0.0, metavar="G",
+                   help="with --ray: GPUs per training (0.25: four share one), on device=cuda")
 
     p = sub.add_parser("bench", help="training and inference throughput, fast vs eager")
     p.add_argument("--batch-size", type=_int_list, default=None, metavar="B1,B2,...")
@@ -344,11 +355,13 @@ def _cmd_pretrained(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from torch_ntm.sweep import DEFAULT_SEQUENCES, format_report, run_sweep
+    from torch_ntm.sweep import DEFAULT_SEQUENCES, format_grid_report, format_report, run_sweep
 
     try:
         report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
-                           overrides=args.overrides, out=args.out, first_seed=args.first_seed,
+                           overrides=args.overrides, grid=args.grid, out=args.out,
+                           first_seed=args.first_seed, ray_address=args.ray,
+                           gpus_per_run=args.gpus_per_run,
                            sequences=DEFAULT_SEQUENCES if args.sequences is None
                            else args.sequences)
     except (KeyboardInterrupt, SystemExit) as e:
@@ -356,11 +369,15 @@ def _cmd_sweep(args) -> int:
         print(f"ntm: sweep interrupted; {out / 'report.md'} reports the seeds that finished; "
               f"run the same command to continue", file=sys.stderr)
         return e.code if isinstance(e, SystemExit) else 130
-    print(format_report(report, report["title"]))
-    failed = sorted(int(s) for s, code in report["exit_codes"].items() if code != 0)
+    points = report.get("points", [report])
+    print(format_grid_report(report) if "points" in report else
+          format_report(report, report["title"]))
+    failed = [" ".join([*([p["point"]] if "point" in p else []), "seed", s])
+              for p in points for s, code in p["exit_codes"].items() if code != 0]
     if failed:
-        print(f"ntm: {len(failed)} of {len(report['exit_codes'])} trainings failed (seeds "
-              f"{', '.join(map(str, failed))}); see their train.log", file=sys.stderr)
+        trained = sum(len(p["exit_codes"]) for p in points)
+        print(f"ntm: {len(failed)} of {trained} trainings failed ({', '.join(failed)}); see "
+              f"their train.log", file=sys.stderr)
         return 1
     return 0
 

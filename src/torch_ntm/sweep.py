@@ -1,12 +1,16 @@
-"""Reliability across seeds: train one task with K seeds and report who converged, how fast, and
-who collapsed or diverged afterwards.
+"""Reliability across seeds and settings: train one task with K seeds (at each point of an
+optional grid of settings) and report who converged, how fast, and who collapsed or diverged.
 
-``ntm sweep copy --seeds 10`` runs ``ntm train`` once per seed in its own process (``--jobs`` at a
-time, one thread each) into ``OUT/seed-S/``. Every seed trains for the full ``--sequences`` budget
-with ``stop_bit_errors=-1``, so a model that converges and later falls apart is seen. The report
-(`summarise`, `format_report`) is a pure function of the run directories' ``metrics.csv`` and
+``ntm sweep copy --seeds 10`` runs ``ntm train`` once per seed into ``OUT/seed-S/``;
+``--grid lr=1e-3,3e-3 --grid batch_size=16,32`` runs every seed at every combination, each
+combination (grid point) in its own folder, ``OUT/lr=1e-3,batch_size=16/seed-S/``. Each training
+is a child process (one thread, ``OMP_NUM_THREADS=1``), started ``--jobs`` at a time on this
+machine, or with ``--ray [ADDRESS]`` by a Ray task on a Ray cluster (`torch_ntm.sweep` imports Ray
+only then). Every seed trains for the full ``--sequences`` budget with ``stop_bit_errors=-1``, so
+a model that converges and later falls apart is seen. The report (`summarise`, `format_report`,
+`format_grid_report`) is a pure function of the run directories' ``metrics.csv`` and
 ``checkpoint.json``; it is written to ``OUT/report.json`` and ``OUT/report.md``, also when the
-sweep is stopped (Ctrl-C, SIGTERM: the children save a checkpoint and stop). Running the same
+sweep is stopped (Ctrl-C, SIGTERM: the trainings save a checkpoint and stop). Running the same
 sweep again continues it: complete seeds are reused, incomplete ones resumed.
 
 A seed *converges* at its first validation with bit errors per sequence <= the preset's
@@ -19,155 +23,451 @@ converges within `GOAL_TIME_RATIO` times the median time, none collapses, no NaN
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import itertools
 import json
 import math
 import os
+import platform
 import signal
 import statistics
 import subprocess
 import sys
 import threading
 import time
+import typing
 from pathlib import Path
 
 from torch_ntm.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint
-from torch_ntm.config import ConfigError, resolve_config
+from torch_ntm.config import ConfigError, apply_overrides, resolve_config
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import read_metrics
 
-__all__ = ["run_sweep", "summarise", "format_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO"]
+__all__ = ["run_sweep", "parse_grid", "GridPoint", "summarise", "format_report",
+           "format_grid_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO", "RAY_INSTALL"]
 
 COLLAPSE_BIT_ERRORS = 1.0  # a converged seed whose validation exceeds this has collapsed
 GOAL_TIME_RATIO = 3.0  # the slowest seed may take this many times the median time to converge
 DEFAULT_SEQUENCES = 50_000
+DEFAULT_JOBS = 2  # trainings at once on this machine (no --ray)
+RAY_INSTALL = "pip install 'torch-ntm[ray]'"
+_STOP_SECONDS = 120  # how long a stopped Ray sweep waits for its trainings' checkpoints
 
 # Keys the sweep sets itself, and the option to use instead.
 _OWN_KEYS = {"seed": "--first-seed", "max_sequences": "--sequences"}
 
 
-def run_sweep(task: str, seeds: int = 10, *, jobs: int = 2, preset: str | None = None,
-              overrides: list[str] = (), sequences: int = DEFAULT_SEQUENCES,
-              out: str | os.PathLike | None = None, first_seed: int = 0,
-              echo=print) -> dict:
-    """Train ``task`` with seeds ``first_seed .. first_seed + seeds - 1`` and report.
+@dataclasses.dataclass(frozen=True)
+class GridPoint:
+    """One combination of ``--grid`` values: ``name`` (``"lr=1e-3,batch_size=16"``, its folder;
+    ``""`` for a sweep without a grid) and its ``overrides`` (``("lr=1e-3", "batch_size=16")``).
+    """
 
-    Each seed runs ``python -m torch_ntm train`` in its own process with ``OMP_NUM_THREADS=1``
-    and ``--set threads=1`` (before ``overrides``, which may change it), ``stop_bit_errors=-1``
-    and ``max_sequences=sequences``; its output goes to ``OUT/seed-S/train.log``.
+    name: str
+    overrides: tuple[str, ...]
+
+
+def parse_grid(grid: list[str] = ()) -> list[GridPoint]:
+    """Every combination of ``key=v1,v2,...`` strings, the first key's values outermost.
+
+    Values are separated by commas, or by semicolons where any is given (for list values:
+    ``eval_sizes=40,120;80`` is two points). Without a grid, one point with no overrides.
+    Values are checked later, against the config (`run_sweep`).
+
+    Raises:
+        ConfigError: an item without ``=`` or values, an empty or repeated value, a key given
+            twice or one the sweep sets itself, a value that cannot name a folder.
+    """
+    axes, keys = [], set()
+    for item in grid:
+        key, sep, text = item.partition("=")
+        key = key.strip()
+        if not sep or not key or not text.strip():
+            raise ConfigError(f"--grid expects key=value1,value2,..., got {item!r}")
+        if key in _OWN_KEYS:
+            raise ConfigError(f"--grid {key}: the sweep sets {key} itself; use "
+                              f"{_OWN_KEYS[key]}")
+        if key in keys:
+            raise ConfigError(f"--grid {key}: given twice; list its values once "
+                              f"(--grid {key}=v1,v2)")
+        keys.add(key)
+        values = [v.strip() for v in text.split(";" if ";" in text else ",")]
+        if "" in values or len(set(values)) < len(values):
+            raise ConfigError(f"--grid {item}: has an empty or repeated value")
+        if any("/" in v or v in (".", "..") for v in values):
+            raise ConfigError(f"--grid {item}: a value names the grid point's folder, so it "
+                              f"cannot hold '/' or be '.' or '..'")
+        axes.append([f"{key}={v}" for v in values])
+    return [GridPoint(",".join(combo), combo) for combo in itertools.product(*axes)]
+
+
+@dataclasses.dataclass
+class _Run:
+    """One training of the sweep: a seed at a grid point, and what its folder holds now."""
+
+    point: GridPoint
+    seed: int
+    run_dir: Path
+    sets: list[str]  # its --set strings: the sweep's, the grid point's, then seed and budget
+    state: str = "new"  # "new", "resume" (an incomplete run of these settings) or "complete"
+    exit_code: int | None = None  # of its training in this sweep, once finished
+
+    @property
+    def label(self) -> str:
+        return f"{self.point.name} seed {self.seed}" if self.point.name else f"seed {self.seed}"
+
+
+def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: str | None = None,
+              overrides: list[str] = (), grid: list[str] = (),
+              sequences: int = DEFAULT_SEQUENCES, out: str | os.PathLike | None = None,
+              first_seed: int = 0, ray_address: str | None = None, gpus_per_run: float = 0.0,
+              echo=print) -> dict:
+    """Train ``task`` with seeds ``first_seed .. first_seed + seeds - 1`` (at each grid point)
+    and report.
+
+    Each training runs ``python -m torch_ntm train`` in a child process with
+    ``OMP_NUM_THREADS=1`` and ``--set threads=1`` (before ``overrides``, which may change it),
+    then ``overrides``, the grid point's values, ``stop_bit_errors=-1`` and
+    ``max_sequences=sequences``; its output goes to ``RUN/train.log``. Without ``ray_address``
+    the children run on this machine, ``jobs`` at a time; with it, each is started by a Ray task
+    that holds one CPU (and ``gpus_per_run`` GPUs) of the cluster for as long as it trains.
 
     Args:
         task: a task name (see `torch_ntm.tasks.TASKS`).
         seeds: how many seeds, >= 1.
-        jobs: how many trainings run at once, >= 1.
+        jobs: how many trainings run at once, >= 1 (default `DEFAULT_JOBS`; with Ray, as many
+            as the cluster has room for, and a new local instance gets ``jobs`` CPUs).
         preset: the preset (default ``ntm-lstm``); its ``stop_bit_errors`` (or one given in
-            ``overrides``) is the convergence threshold, 0 when negative.
+            ``overrides`` or the grid) is the convergence threshold, 0 when negative.
         overrides: ``key=value`` strings as for ``ntm train --set`` (not ``seed`` or
             ``max_sequences``: use ``first_seed`` and ``sequences``).
+        grid: ``key=v1,v2`` strings (see `parse_grid`) of config keys as for ``overrides``
+            but not among them; every seed is trained at every combination.
         sequences: training sequences per seed, >= 1.
-        out: the sweep folder (default ``runs/sweep-TASK``); a seed whose folder holds a run of
-            these settings is reused when complete and resumed otherwise.
+        out: the sweep folder (default ``runs/sweep-TASK``); a run folder (``OUT/seed-S``, or
+            ``OUT/POINT/seed-S`` with a grid) that holds a run of these settings is reused when
+            complete and resumed otherwise. With Ray it must be a folder that every machine of
+            the cluster sees at the same path.
         first_seed: the first seed.
-        echo: called with one line of progress per started and finished seed.
+        ray_address: None to train on this machine; ``"local"`` to start a Ray instance here
+            for the sweep; otherwise the address of a running cluster (``"auto"``: the one
+            started on this machine with ``ray start``, ``"HOST:6379"``). If Ray is initialised
+            in this process already, its connection is used and left open.
+        gpus_per_run: with Ray, the GPUs each training holds (a fraction shares one); more than
+            0 also sets ``device=cuda`` (before ``overrides``, which may change it).
+        echo: called with one line of progress per started and finished training.
 
     Returns:
-        The report (`summarise`'s dictionary plus ``title``, ``task``, ``preset``,
-        ``sequences_per_seed``, ``exit_codes`` by seed trained now and ``reused``, the seeds
-        that were complete already), also written to
-        ``OUT/report.json`` and, formatted, ``OUT/report.md``.
+        The report, also written to ``OUT/report.json`` and, formatted, ``OUT/report.md``.
+        Without a grid: `summarise`'s dictionary plus ``title``, ``task``, ``preset``,
+        ``sequences_per_seed``, ``exit_codes`` by seed trained now and ``reused``, the seeds that
+        were complete already. With a grid: ``title``, ``task``, ``preset``,
+        ``sequences_per_seed``, ``grid`` (the ``--grid`` strings) and ``points``, one dictionary
+        per grid point: ``point`` (its name), ``overrides``, and the keys of the report without a
+        grid from ``threshold`` on.
 
     Raises:
-        ConfigError: a bad task, preset, override or count, or runs of other settings in ``out``.
+        ConfigError: a bad task, preset, override, grid or count, runs of other settings in
+            ``out``, or ``ray_address`` given and Ray not installed.
         KeyboardInterrupt, SystemExit: the sweep was stopped (Ctrl-C, SIGTERM); the report of
-            the seeds that finished was written first.
+            the trainings that finished was written first.
     """
     if seeds < 1:
         raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    if jobs < 1:
+    if jobs is not None and jobs < 1:
         raise ConfigError(f"--jobs must be >= 1, got {jobs}")
     if sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {sequences}")
+    if not (gpus_per_run >= 0 and math.isfinite(gpus_per_run)):
+        raise ConfigError(f"--gpus-per-run must be a number >= 0, got {gpus_per_run}")
+    if gpus_per_run and ray_address is None:
+        raise ConfigError("--gpus-per-run needs --ray; without Ray, --set device=cuda trains "
+                          "every run on this machine's GPU")
     for item in overrides:
         key = item.partition("=")[0].strip()
         if key in _OWN_KEYS:
             raise ConfigError(f"--set {key}: the sweep sets {key} itself; use {_OWN_KEYS[key]}")
-    config = resolve_config(task, preset, overrides)
-    build_model(config, build_task(config))  # fail here, once, rather than in every child
-    threshold = max(config.stop_bit_errors, 0.0)
+    if ray_address is not None:
+        _import_ray()  # a missing Ray is a mistake to report before anything runs
+    points = parse_grid(grid)
+    given = {item.partition("=")[0].strip() for item in overrides}
+    for item in points[0].overrides:  # every point has every grid key
+        if item.partition("=")[0] in given:
+            raise ConfigError(f"--grid {item.partition('=')[0]}: also given with --set; give it "
+                              f"in one place")
+    sets = ["threads=1", *(["device=cuda"] if gpus_per_run else []), *overrides]
+    configs = _point_configs(task, preset, sets, points)
 
     out = Path(out) if out is not None else Path("runs") / f"sweep-{task}"
-    run_dirs = [out / f"seed-{s}" for s in range(first_seed, first_seed + seeds)]
-    sets = ["threads=1", *overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"]
+    seed_range = range(first_seed, first_seed + seeds)
+    runs = [_Run(p, s, out / p.name / f"seed-{s}", [*sets, *p.overrides, "stop_bit_errors=-1",
+                                                    f"max_sequences={sequences}"])
+            for p in points for s in seed_range]
     # What each folder holds decides what to do: a complete run is reused, an incomplete one
     # resumed, anything else started afresh (a sweep can be continued by running it again).
-    done = {}  # seed -> "complete" or "resume"
-    for seed, run_dir in zip(range(first_seed, first_seed + seeds), run_dirs):
-        if (run_dir / CHECKPOINT_JSON).exists():
-            done[seed] = _existing_run(run_dir, resolve_config(task, preset, sets, seed),
-                                       sequences)
+    for run in runs:
+        if (run.run_dir / CHECKPOINT_JSON).exists():
+            config = resolve_config(task, preset, run.sets, run.seed)
+            run.state = _existing_run(run.run_dir, config, sequences)
+    for run in runs:
+        if run.state == "complete":
+            echo(f"{run.label}: complete already ({run.run_dir})")
+    pending = [run for run in runs if run.state != "complete"]
+    stopped = _train(task, preset, pending, jobs, ray_address, gpus_per_run, echo)
 
-    def command(seed: int, run_dir: Path) -> list[str]:
-        if done.get(seed) == "resume":
-            argv = [sys.executable, "-m", "torch_ntm", "train", task, "--resume", str(run_dir)]
-        else:
-            argv = [sys.executable, "-m", "torch_ntm", "train", task, "--seed", str(seed),
-                    "--out", str(run_dir), "--overwrite"]  # the folder holds our train.log
-            argv += ["--preset", preset] if preset is not None else []
-        return argv + ["--no-plots", "--no-progress",
-                       *(arg for item in sets for arg in ("--set", item))]
-
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    pending = [(s, d) for s, d in zip(range(first_seed, first_seed + seeds), run_dirs)
-               if done.get(s) != "complete"]
-    for seed in sorted(s for s, state in done.items() if state == "complete"):
-        echo(f"seed {seed}: complete already ({out / f'seed-{seed}'})")
-    running: dict[int, tuple[subprocess.Popen, float]] = {}
-    exit_codes: dict[int, int] = {}
-    terminated = _SigtermAsExit()
-    stopped = None
-    try:
-        while pending or running:
-            while pending and len(running) < jobs:
-                seed, run_dir = pending.pop(0)
-                run_dir.mkdir(parents=True, exist_ok=True)
-                with open(run_dir / "train.log", "ab" if seed in done else "wb") as log:
-                    # Its own session: Ctrl-C reaches the sweep only, which stops the children
-                    # once (SIGTERM: each saves a checkpoint that a continued sweep resumes).
-                    proc = subprocess.Popen(command(seed, run_dir), stdout=log,
-                                            stderr=subprocess.STDOUT, env=env,
-                                            start_new_session=True,
-                                            preexec_fn=_terminate_with_parent)
-                running[seed] = (proc, time.perf_counter())
-                echo(f"seed {seed}: {'resumed' if seed in done else 'started'} ({run_dir})")
-            time.sleep(0.1)
-            for seed, (proc, started) in list(running.items()):
-                if proc.poll() is not None:
-                    del running[seed]
-                    exit_codes[seed] = proc.returncode
-                    log = out / f"seed-{seed}" / "train.log"
-                    status = ("done" if proc.returncode == 0 else
-                              f"FAILED with exit status {proc.returncode} (see {log})")
-                    echo(f"seed {seed}: {status} after {time.perf_counter() - started:.1f} s")
-    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM: report what finished
-        stopped = e
-    finally:  # interrupted (Ctrl-C, SIGTERM): stop the children rather than leave them training
-        for proc, _ in running.values():
-            proc.terminate()
-        for proc, _ in running.values():
-            proc.wait()
-        terminated.restore()
-
-    title = (f"Sweep: {task} ({config.preset}), seeds {first_seed}-{first_seed + seeds - 1}, "
+    title = (f"Sweep: {task} ({configs[0].preset}), seeds {first_seed}-{seed_range[-1]}, "
              f"{sequences:,} sequences each")
-    report = {"title": title, "task": task, "preset": config.preset,
-              "sequences_per_seed": sequences, **summarise(run_dirs, threshold),
-              "exit_codes": {str(s): c for s, c in sorted(exit_codes.items())},
-              "reused": sorted(s for s, state in done.items() if state == "complete")}
+    report = {"title": title, "task": task, "preset": configs[0].preset,
+              "sequences_per_seed": sequences}
+    summaries = []
+    for point, config in zip(points, configs):
+        mine = [run for run in runs if run.point == point]
+        summaries.append({
+            **summarise([run.run_dir for run in mine], max(config.stop_bit_errors, 0.0)),
+            "exit_codes": {str(r.seed): r.exit_code for r in mine if r.exit_code is not None},
+            "reused": [r.seed for r in mine if r.state == "complete"]})
+    if grid:
+        report["title"] += f", {len(points)} grid points"
+        report["grid"] = list(grid)
+        report["points"] = [{"point": p.name, "overrides": list(p.overrides), **summary}
+                            for p, summary in zip(points, summaries)]
+        text = format_grid_report(report)
+    else:
+        report.update(summaries[0])
+        text = format_report(report, title)
+    out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
-    (out / "report.md").write_text(format_report(report, title) + "\n")
+    (out / "report.md").write_text(text + "\n")
     if stopped is not None:
         raise stopped
     return report
+
+
+def _point_configs(task: str, preset: str | None, sets: list[str], points: list[GridPoint]):
+    """Each grid point's resolved config (without seed and budget), every model built once so
+    that a config that cannot train fails here rather than in every training."""
+    base = resolve_config(task, preset, sets)
+    for item in dict.fromkeys(i for point in points for i in point.overrides):
+        with _grid_errors():  # each value alone first: the error names it
+            apply_overrides(base, [item])
+    configs = []
+    for point in points:
+        with _grid_errors(point.name) if point.name else contextlib.nullcontext():
+            config = resolve_config(task, preset, [*sets, *point.overrides])
+            build_model(config, build_task(config))
+        configs.append(config)
+    return configs
+
+
+@contextlib.contextmanager
+def _grid_errors(point: str = ""):
+    """A `ConfigError` about a ``--grid`` value said as such (the config parser names the option
+    ``--set``; the user gave ``--grid``), and the grid point named where one is given."""
+    try:
+        yield
+    except ConfigError as e:
+        text = str(e)
+        if text.startswith("--set"):
+            text = "--grid" + text[len("--set"):]
+        raise ConfigError(f"grid point {point}: {text}" if point else text) from None
+
+
+def _train(task: str, preset: str | None, runs: list[_Run], jobs: int | None,
+           ray_address: str | None, gpus_per_run: float, echo) -> BaseException | None:
+    """Train ``runs``, ``jobs`` at a time, and set each one's ``exit_code``; the exception that
+    stopped the sweep (Ctrl-C, SIGTERM: the trainings were stopped first), or None."""
+    if not runs:
+        return None  # nothing to train: no Ray to start either
+    pending, running = list(runs), []  # running: (run, handle)
+    launcher = terminated = stopped = None
+    try:
+        if ray_address is None:
+            launcher, limit = _Processes(), jobs or DEFAULT_JOBS
+        else:
+            launcher, limit = _Ray(ray_address, jobs, gpus_per_run), jobs or len(runs)
+        terminated = _SigtermAsExit()  # after ray.init, which sets a handler of its own
+        while pending or running:
+            while pending and len(running) < limit:
+                run = pending.pop(0)
+                resume = run.state == "resume"
+                handle = launcher.start(_train_argv(task, preset, run), run.run_dir / "train.log",
+                                        append=resume)
+                running.append((run, handle))
+                echo(f"{run.label}: {launcher.started(resume)} ({run.run_dir})")
+            time.sleep(0.1)
+            for run, handle in list(running):
+                finished = launcher.poll(handle)
+                if finished is None:
+                    continue
+                running.remove((run, handle))
+                run.exit_code = finished.exit_code
+                where = f" on {finished.node}" if finished.node else ""
+                if finished.error:
+                    status = f"FAILED{where}: {finished.error}"
+                elif finished.exit_code:
+                    status = (f"FAILED with exit status {finished.exit_code}{where} (see "
+                              f"{run.run_dir / 'train.log'})")
+                else:
+                    status = "done"
+                    if finished.node and not (run.run_dir / CHECKPOINT_JSON).exists():
+                        status += f", but {run.run_dir} is not seen here (see --out)"
+                echo(f"{run.label}: {status} after {finished.seconds:.1f} s{where}")
+    except (KeyboardInterrupt, SystemExit) as e:  # Ctrl-C, SIGTERM: report what finished
+        stopped = e
+    finally:  # interrupted (Ctrl-C, SIGTERM): stop the trainings rather than leave them training
+        if launcher is not None:
+            launcher.stop([handle for _, handle in running])
+        if terminated is not None:
+            terminated.restore()
+        if launcher is not None:
+            launcher.close()
+    return stopped
+
+
+def _train_argv(task: str, preset: str | None, run: _Run) -> list[str]:
+    """``run``'s ``ntm train`` command, after ``python``: resumed, or new into its folder."""
+    run_dir = str(run.run_dir.absolute())  # a Ray worker's current directory may be another
+    if run.state == "resume":
+        argv = ["-m", "torch_ntm", "train", task, "--resume", run_dir]
+    else:
+        argv = ["-m", "torch_ntm", "train", task, "--seed", str(run.seed), "--out", run_dir,
+                "--overwrite"]  # the folder holds our train.log
+        argv += ["--preset", preset] if preset is not None else []
+    return argv + ["--no-plots", "--no-progress", *(arg for item in run.sets
+                                                    for arg in ("--set", item))]
+
+
+def _start_training(argv: list[str], log: Path, append: bool) -> subprocess.Popen:
+    """``python argv`` (`_train_argv`) in a child process with one thread, its output in
+    ``log``; in a session of its own, so that Ctrl-C reaches the sweep only, which stops the
+    children once (SIGTERM: each saves a checkpoint that a continued sweep resumes)."""
+    log.parent.mkdir(parents=True, exist_ok=True)
+    with open(log, "ab" if append else "wb") as f:
+        return subprocess.Popen([sys.executable, *argv], stdout=f, stderr=subprocess.STDOUT,
+                                env={**os.environ, "OMP_NUM_THREADS": "1"},
+                                start_new_session=True, preexec_fn=_terminate_with_parent)
+
+
+class _Finished(typing.NamedTuple):
+    """How a training ended: its exit status, seconds, the machine (Ray) and a Ray error."""
+
+    exit_code: int
+    seconds: float
+    node: str = ""
+    error: str = ""
+
+
+class _Processes:
+    """Each training a child process of the sweep, on this machine."""
+
+    @staticmethod
+    def started(resume: bool) -> str:
+        return "resumed" if resume else "started"
+
+    @staticmethod
+    def start(argv: list[str], log: Path, append: bool):
+        return _start_training(argv, log, append), time.perf_counter()
+
+    @staticmethod
+    def poll(handle) -> _Finished | None:
+        proc, started = handle
+        if proc.poll() is None:
+            return None
+        return _Finished(proc.returncode, time.perf_counter() - started)
+
+    @staticmethod
+    def stop(handles) -> None:
+        for proc, _ in handles:
+            proc.terminate()
+        for proc, _ in handles:
+            proc.wait()
+
+    def close(self) -> None:
+        pass
+
+
+class _Ray:
+    """Each training started by a Ray task (`_train_on_worker`) that holds one CPU and
+    ``gpus`` GPUs of the cluster at ``address`` (``"local"``: a new instance on this machine
+    with ``jobs`` CPUs, or all) while it trains."""
+
+    def __init__(self, address: str, jobs: int | None, gpus: float):
+        self.ray = ray = _import_ray()
+        self.sigterm = signal.getsignal(signal.SIGTERM)  # ray.init replaces it
+        self.owned = not ray.is_initialized()  # else the caller's connection, left open
+        if self.owned:
+            local = {"include_dashboard": False, "num_cpus": jobs} if address == "local" else {}
+            try:
+                ray.init(address=address, log_to_driver=False, logging_level="WARNING",
+                         **local)
+            except ConnectionError as e:  # no cluster there
+                self._restore_sigterm()
+                raise ConfigError(f"--ray {address}: {e}") from None
+        # No retries: a retried training would start again from the sweep's first decision.
+        self.task = ray.remote(num_cpus=1, num_gpus=gpus, max_retries=0)(_train_on_worker)
+
+    @staticmethod
+    def started(resume: bool) -> str:
+        return "queued on Ray" + (" to resume" if resume else "")
+
+    def start(self, argv: list[str], log: Path, append: bool):
+        return self.task.remote(argv, str(log.absolute()), append)
+
+    def poll(self, ref) -> _Finished | None:
+        if not self.ray.wait([ref], timeout=0)[0]:
+            return None
+        try:
+            return _Finished(*self.ray.get(ref))
+        except self.ray.exceptions.RayError as e:  # the task failed, or its worker died
+            return _Finished(1, 0.0, error=str(e).strip().splitlines()[-1])
+
+    def stop(self, refs) -> None:
+        for ref in refs:  # a KeyboardInterrupt in each task, which stops its training
+            self.ray.cancel(ref)
+        if refs:  # ... with SIGTERM: it saves a checkpoint first
+            self.ray.wait(refs, num_returns=len(refs), timeout=_STOP_SECONDS)
+
+    def close(self) -> None:
+        if self.owned:
+            self.ray.shutdown()
+            self._restore_sigterm()
+
+    def _restore_sigterm(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, self.sigterm)
+
+
+def _train_on_worker(argv: list[str], log: str, append: bool) -> tuple[int, float, str]:
+    """A Ray task: the training ``python argv`` (`_start_training`, with this worker's
+    Python); its exit status, seconds and machine. Cancelled (KeyboardInterrupt), it stops the
+    training with SIGTERM, which saves a checkpoint, and waits for it."""
+    started = time.perf_counter()
+    # ray.cancel raises KeyboardInterrupt the way SIGINT does, so not where SIGINT is ignored,
+    # as it is in everything started from a sweep run in the background (nohup ntm sweep &).
+    main = threading.current_thread() is threading.main_thread()
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler) if main else None
+    try:
+        proc = _start_training(argv, Path(log), append)
+        try:
+            while proc.poll() is None:
+                time.sleep(0.2)  # short: a cancellation is raised between two sleeps
+        except BaseException:
+            proc.terminate()
+            proc.wait()
+            raise
+    finally:
+        if previous is not None:  # the worker runs other tasks afterwards
+            signal.signal(signal.SIGINT, previous)
+    return proc.returncode, time.perf_counter() - started, platform.node()
+
+
+def _import_ray():
+    try:
+        import ray
+    except ImportError:
+        raise ConfigError(f"--ray needs Ray, which is not installed: {RAY_INSTALL}") from None
+    return ray
 
 
 def _existing_run(run_dir: Path, config, sequences: int) -> str:
@@ -365,4 +665,28 @@ def format_report(summary: dict, title: str | None = None) -> str:
         f"- goal (all converge within {GOAL_TIME_RATIO:g}x the median time, none collapses, "
         f"no NaN): {'met' if summary['goal_met'] else 'not met'}",
     ]
+    return "\n".join(lines)
+
+
+def format_grid_report(report: dict) -> str:
+    """`run_sweep`'s report of a grid as Markdown: a table with one row per grid point, then
+    each point's `format_report` under its name."""
+    lines = [f"# {report['title']}", "",
+             "| grid point | converged | median time (s) | median sequences | slowest / median "
+             "| collapsed | rolled back | diverged | NaN steps | goal |",
+             "|:---|:---:|---:|---:|---:|---:|---:|---:|---:|:---:|"]
+    for p in report["points"]:
+        converged = f"{p['num_converged']}/{p['num_seeds']}"
+        if not all(r["complete"] for r in p["seeds"]):
+            converged += " (incomplete)"
+        median_s, median_seq = p["median_converged_s"], p["median_converged_sequences"]
+        ratio = p["max_over_median_s"]
+        lines.append(
+            f"| {p['point']} | {converged} | {'-' if median_s is None else f'{median_s:.1f}'} "
+            f"| {'-' if median_seq is None else f'{median_seq:,.0f}'} "
+            f"| {'-' if ratio is None else f'{ratio:.2f}'} | {p['num_collapsed']} "
+            f"| {p['total_rolled_back']} | {p['num_diverged']} | {p['total_nan_steps']} "
+            f"| {'met' if p['goal_met'] else 'not met'} |")
+    for p in report["points"]:
+        lines += ["", f"## {p['point']}", "", format_report(p)]
     return "\n".join(lines)
