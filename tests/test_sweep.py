@@ -343,8 +343,8 @@ def test_ray_missing_is_one_line_saying_how_to_install_it(tmp_path, capsys, monk
     (["sweep", "copy", "--grid", "lr=0.1,fast"], "ntm: error: --grid lr=fast: expected a value "
                                                  "of type float"),
     (["sweep", "copy", "--grid", "lr=0.1,-1"], "ntm: error: --grid: lr=-1.0 is out of range"),
-    (["sweep", "copy", "--grid", "task.size=3"], "ntm: error: --grid task.size: task 'copy' has "
-                                                 "no parameter 'size'"),
+    (["sweep", "copy", "--grid", "task.size=3"], "ntm: error: --grid task.size: unknown key; "
+                                                 "valid keys: task.max_length"),
     (["sweep", "copy", "--grid", "seed=1,2"], "ntm: error: --grid seed: the sweep sets seed "
                                               "itself; use --first-seed"),
     (["sweep", "copy", "--grid", "lr=0.1", "--set", "lr=0.2"], "ntm: error: --grid lr: also "
