@@ -82,7 +82,6 @@ def run_seed(args, seed: int, out: Path) -> dict:
               "update_ratio", "update_max"]
     rows, start = [], time.perf_counter()
     converged_at = None
-    worst_after = 0.0
     nan = False
     step = 0
     norms: list[float] = []
@@ -133,8 +132,6 @@ def run_seed(args, seed: int, out: Path) -> dict:
             if converged_at is None and err == 0:
                 converged_at = seqs
                 budget = min(args.max_sequences, args.factor * seqs)
-            elif converged_at is not None:
-                worst_after = max(worst_after, err if math.isfinite(err) else math.inf)
             write_rows(out / f"seed-{seed}.csv", fields, rows)  # so far, to watch it live
             if args.verbose:
                 print(f"seed {seed} seq {seqs} val bits {m['cost_bits']:.3f} err {err:.3f}",
@@ -142,12 +139,37 @@ def run_seed(args, seed: int, out: Path) -> dict:
         if nan:
             break
     write_rows(out / f"seed-{seed}.csv", fields, rows)
-    last = [r for r in rows if r["split"] == "val"][-1]
-    status = ("nan" if nan else "not converged" if converged_at is None
-              else "collapsed" if worst_after > args.collapse_bits else "converged")
-    return {"seed": seed, "status": status, "converged_at": converged_at,
-            "sequences": step * args.batch_size, "worst_bit_errors_after": worst_after,
-            "final_bit_errors": last["bit_errors"], "elapsed_s": time.perf_counter() - start}
+    return seed_result(seed, [r for r in rows if r["split"] == "val"], args)
+
+
+def seed_result(seed: int, val_rows: list[dict], args) -> dict:
+    """A seed's line of the report from its validation rows: *converged* at the first without a
+    wrong bit, *collapsed* if a later one has more than ``--collapse-bits``, *nan* if one is not
+    finite, and *stopped* if the rows end before the budget (a run cut short, or a partial
+    CSV read by ``--report-only``)."""
+    converged_at, worst_after, budget = None, 0.0, args.max_sequences
+    for row in val_rows:
+        seqs, err = int(row["sequences"]), float(row["bit_errors"])
+        if not math.isfinite(err) or not math.isfinite(float(row["cost_bits"])):
+            worst_after = math.inf
+            break
+        if converged_at is None and err == 0:
+            converged_at, budget = seqs, min(args.max_sequences, args.factor * seqs)
+        elif converged_at is not None:
+            worst_after = max(worst_after, err)
+    last = val_rows[-1]
+    trained = int(last["sequences"])
+    status = ("nan" if worst_after == math.inf else "collapsed"
+              if worst_after > args.collapse_bits else "stopped" if trained < budget
+              else "not converged" if converged_at is None else "converged")
+    return {"seed": seed, "status": status, "converged_at": converged_at, "sequences": trained,
+            "worst_bit_errors_after": worst_after, "final_bit_errors": float(last["bit_errors"]),
+            "elapsed_s": float(last["elapsed_s"])}
+
+
+def read_val_rows(path: Path) -> list[dict]:
+    with open(path, newline="") as f:
+        return [r for r in csv.DictReader(f) if r["split"] == "val"]
 
 
 def main() -> None:
@@ -178,6 +200,8 @@ def main() -> None:
     p.add_argument("--max-sequences", type=int, default=200_000)
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--verbose", action="store_true")
+    p.add_argument("--report-only", action="store_true",
+                   help="train nothing: report the seeds from OUT/**/seed-S.csv")
     args = p.parse_args()
     if args.lr is None:
         args.lr = resolve_config(args.task, "ntm-lstm").lr
@@ -190,7 +214,11 @@ def main() -> None:
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:
-        results.append(run_seed(args, seed, args.out))
+        if args.report_only:  # seeds run apart (e.g. one per core), or one cut short
+            csv_path = next(args.out.glob(f"**/seed-{seed}.csv"))
+            results.append(seed_result(seed, read_val_rows(csv_path), args))
+        else:
+            results.append(run_seed(args, seed, args.out))
         print(json.dumps(results[-1]), flush=True)
     settings = {k: (str(v) if isinstance(v, Path) else v) for k, v in vars(args).items()}
     (args.out / "report.json").write_text(json.dumps({"settings": settings, "seeds": results},
@@ -202,7 +230,7 @@ def main() -> None:
                      f"{r['sequences']} | {r['worst_bit_errors_after']:.3g} | "
                      f"{r['final_bit_errors']:.3g} |")
     counts = {s: sum(r["status"] == s for r in results)
-              for s in ("converged", "collapsed", "nan", "not converged")}
+              for s in ("converged", "collapsed", "nan", "not converged", "stopped")}
     lines.append("")
     lines.append(", ".join(f"{k}: {v}" for k, v in counts.items()))
     (args.out / "report.md").write_text("\n".join(lines) + "\n")

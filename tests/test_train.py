@@ -231,3 +231,38 @@ def test_stopping_needs_the_generalisation_sizes_clean_and_they_are_logged(tmp_p
     assert logged[:4] == [("1", "val", "2"), ("2", "val", "0"), ("2", "val@5", "3"),
                           ("2", "val@9", "7")]
     assert result.metrics["general_bit_errors"] == 0.0
+
+
+def test_generalisation_is_validated_with_eval_memory_size_rows_and_the_same_weights(
+        tmp_path, monkeypatch):
+    """eval_memory_size: the eval_sizes validations run the model's weights with more rows;
+    the training distribution's validation keeps memory_size."""
+    import torch_ntm.train as module
+
+    seen = []
+
+    def recording(model, batches):
+        seen.append((model.memory_size, {k: v.clone() for k, v in model.state_dict().items()}))
+        return {"cost_bits": 1.0, "bit_errors": 0.0, "perfect": 1.0}
+
+    monkeypatch.setattr(module, "evaluate_batches", recording)
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "eval_sizes=5", "max_sequences=4",
+                                               "eval_memory_size=32", "rollback_bit_errors=-1"])
+    train(config, tmp_path / "run", progress=False)
+    assert [rows for rows, _ in seen] == [8, 32, 8, 32]
+    for (_, trained), (_, general) in zip(seen[::2], seen[1::2]):  # the same weights each time
+        assert trained.keys() == general.keys()
+        for key, value in trained.items():
+            assert torch.equal(value, general[key]), key
+    assert seen[0][1]["reads0"].ne(seen[2][1]["reads0"]).any()  # and they did train in between
+
+
+def test_eval_memory_size_is_checked_and_ignored_by_the_lstm_baseline():
+    from torch_ntm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_memory_size=1000000000 x memory_width=20"):
+        resolve_config("copy", overrides=["eval_memory_size=1000000000"])
+    with pytest.raises(ConfigError, match="eval_memory_size=-1 is out of range"):
+        resolve_config("copy", overrides=["eval_memory_size=-1"])
+    assert resolve_config("copy").eval_overrides() == {"memory_size": 256}
+    assert resolve_config("copy", "lstm", ["eval_memory_size=64"]).eval_overrides() == {}

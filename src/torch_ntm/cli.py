@@ -58,7 +58,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--lengths", type=_int_list, default=None, metavar="L1,L2,...",
                    help="task sizes (copy: sequence lengths; recall: items); default per task")
     p.add_argument("--memory-size", type=int, default=None, metavar="N",
-                   help="rebuild the NTM with N memory rows (weights unchanged)")
+                   help="rebuild the NTM with N memory rows (weights unchanged); default: "
+                   "the run's eval_memory_size, else its memory_size")
     p.add_argument("--sequences", type=int, default=100, help="sequences per size")
     p.add_argument("--task-set", dest="task_overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="change a task parameter for the evaluation, e.g. "
@@ -230,8 +231,10 @@ def _print_generalisation(run_dir: Path) -> None:
 
     ckpt = load_checkpoint(run_dir)
     task = ckpt.task()
-    rows = evaluate_sizes(ckpt.model(), task, task.eval_sizes)
-    print(f"generalisation ({task.size_name}, trained up to {task.train_size}):")
+    rows = evaluate_sizes(ckpt.model(**ckpt.config.eval_overrides()), task, task.eval_sizes)
+    rows_of = ckpt.config.eval_memory_size or ckpt.config.memory_size
+    print(f"generalisation ({task.size_name}, trained up to {task.train_size}; memory "
+          f"{rows_of} rows):")
     print(format_table(rows))
 
 
@@ -257,7 +260,8 @@ def _cmd_evaluate(args) -> int:
     if args.sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")
     ckpt = load_checkpoint(_checkpoint_arg(args))
-    overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
+    overrides = (ckpt.config.eval_overrides() if args.memory_size is None
+                 else {"memory_size": args.memory_size})  # the run's generalisation memory
     model = ckpt.model(**overrides)
     task = ckpt.task()
     if args.task_overrides:

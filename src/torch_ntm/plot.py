@@ -231,6 +231,8 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     curve = plot_learning_curve(json_path.parent / "metrics.csv", out / "learning_curve.png")
     if curve is not None:
         paths.append(curve)
+    if memory_size is None and ckpt.config.eval_overrides():  # the run's generalisation memory
+        model = ckpt.model(**ckpt.config.eval_overrides()).eval()
     rows = evaluate_sizes(model, task, task.eval_sizes, num_sequences=50)
     paths.append(plot_generalisation(rows, task.size_name, task.train_size,
                                      out / "generalisation.png"))

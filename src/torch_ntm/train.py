@@ -290,6 +290,11 @@ class _Run:
         self.general_batches = {
             size: fixed_batches(self.task.with_size(size), config.eval_size_sequences, 50,
                                 seed=GENERAL_SEED) for size in config.eval_sizes}
+        # The same weights with eval_memory_size rows (no parameter depends on the rows).
+        self.general_model = self.model
+        if config.eval_overrides() and self.general_batches:
+            self.general_model = build_model(config, self.task, device=self.world.device,
+                                             **config.eval_overrides())
         self.start = time.perf_counter() - self.state.elapsed_s
         self.model.train()
 
@@ -366,8 +371,10 @@ class _Run:
         self._write("val", metrics)
         if self.general_batches and metrics["bit_errors"] == 0:  # only then can it generalise
             metrics["general_bit_errors"] = 0.0
+            if self.general_model is not self.model:
+                self.general_model.load_state_dict(self.model.state_dict())
             for size, batches in self.general_batches.items():
-                row = evaluate_batches(self.model, batches)
+                row = evaluate_batches(self.general_model, batches)
                 metrics["general_bit_errors"] += row["bit_errors"]
                 self._write(f"val@{size}", row)
         worst = max(metrics["bit_errors"], metrics.get("general_bit_errors", math.inf)
