@@ -293,8 +293,11 @@ class _Run:
         # The same weights with eval_memory_size rows (no parameter depends on the rows).
         self.general_model = self.model
         if config.eval_overrides() and self.general_batches:
-            self.general_model = build_model(config, self.task, device=self.world.device,
-                                             **config.eval_overrides())
+            cuda = [self.world.device] if self.world.device.type == "cuda" else []
+            with torch.random.fork_rng(devices=cuda):  # its initial weights are not used: they
+                # must not draw from the generators training goes on with (an exact resume)
+                self.general_model = build_model(config, self.task, device=self.world.device,
+                                                 **config.eval_overrides())
         self.start = time.perf_counter() - self.state.elapsed_s
         self.model.train()
 
