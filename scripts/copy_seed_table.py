@@ -1,0 +1,46 @@
+"""The README's per-seed table of `ntm train copy --seed S` (its section "Copy: time to solve").
+
+    for s in 0 1 2 3 4; do
+      TORCHINDUCTOR_CACHE_DIR=$(mktemp -d) /usr/bin/time -f "%e s wall" \
+        ntm train copy --seed $s --out runs/copy-s$s > runs/copy-s$s.log 2>&1
+    done
+    python scripts/copy_seed_table.py runs/copy-s{0,1,2,3,4}
+
+Reads each run's log (the `ntm train` summary line and `/usr/bin/time`'s last line) and
+checkpoint, and evaluates the run's model at L = 20 and 120 on the sequences of `ntm evaluate`
+and on 100 more drawn from another seed (7), with the run's ``eval_memory_size``.
+"""
+
+import re
+import sys
+from pathlib import Path
+
+import torch
+
+from torch_ntm.checkpoint import load_checkpoint
+from torch_ntm.evaluate import evaluate_sizes
+
+
+def main(runs: list[str]) -> None:
+    torch.set_num_threads(1)
+    print("| seed | sequences | training (s) | whole command (s) | L = 20 perfect | L = 120 "
+          "perfect | other sequences: L = 20, 120 |")
+    print("|---:|---:|---:|---:|---:|---:|---:|")
+    for run in map(Path, runs):
+        log = Path(f"{run}.log").read_text()
+        summary = re.search(r"(converged|stopped \(budget\)) after (\d+) sequences.*?"
+                            r"\(([\d.]+) s training in total\)", log)
+        wall = re.findall(r"^([\d.]+) s wall$", log, re.M)[-1]
+        ckpt = load_checkpoint(run)
+        model = ckpt.model(**ckpt.config.eval_overrides()).eval()
+        task = ckpt.task()
+        own, other = ({r["length"]: round(100 * r["perfect"]) for r in
+                       evaluate_sizes(model, task, [20, 120], seed=seed)} for seed in (2014, 7))
+        stop = "" if summary.group(1) == "converged" else " (budget)"
+        print(f"| {ckpt.config.seed} | {int(summary.group(2)):,}{stop} | {summary.group(3)} | "
+              f"{float(wall):.1f} | {own[20]}/100 | {own[120]}/100 | "
+              f"{other[20]}/100, {other[120]}/100 |")
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
