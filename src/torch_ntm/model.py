@@ -582,14 +582,19 @@ class NTM(_NTMBase):
     def config(self) -> dict:
         return {**super().config(), "batch_first": self.batch_first}
 
+    @property
+    def _layout(self) -> str:
+        """The input shape ``forward`` takes, for error messages."""
+        axes = "batch, time" if self.batch_first else "time, batch"
+        return f"[{axes}, {self.input_size}]"
+
     def _prepare(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
-        layout = "[batch, time, %d]" if self.batch_first else "[time, batch, %d]"
         if isinstance(x, PackedSequence):
             raise TypeError("NTM.trace takes a padded tensor, not a PackedSequence: unpack it "
                             "with torch.nn.utils.rnn.pad_packed_sequence")
         if x.dim() != 3 or x.shape[2] != self.input_size:
             raise ValueError(
-                f"NTM expects input of shape {layout % self.input_size}, got {list(x.shape)}"
+                f"NTM expects input of shape {self._layout}, got {list(x.shape)}"
             )
         if self.batch_first:
             x = x.transpose(0, 1)
@@ -622,8 +627,7 @@ class NTM(_NTMBase):
         if isinstance(x, PackedSequence):
             return self._forward_packed(x, state)
         if not isinstance(x, Tensor):
-            layout = "[batch, time, %d]" if self.batch_first else "[time, batch, %d]"
-            raise TypeError(f"NTM expects a tensor of shape {layout % self.input_size} or a "
+            raise TypeError(f"NTM expects a tensor of shape {self._layout} or a "
                             f"PackedSequence, got {type(x).__name__}")
         return self._forward_padded(x, state)
 
