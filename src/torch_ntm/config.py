@@ -85,7 +85,9 @@ class TrainConfig(NTMOptions):
     # right with 128: docs/stability.md).
     eval_memory_size: int = 0
     stop_bit_errors: float = -1.0  # stop when validation bit errors/sequence <= this; <0: never
-    patience_evals: int = 1  # consecutive validations that must meet the criterion
+    # Validations that must meet it (with eval_sizes: there too), with none in between over
+    # it in the training distribution (one over it only at eval_sizes neither counts nor resets)
+    patience_evals: int = 1
     # Housekeeping.
     seed: int = 0
     threads: int = 1  # torch intra-op threads; 2 win only at batch >= 64 on an idle 2-core CPU
