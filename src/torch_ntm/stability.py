@@ -3,14 +3,16 @@
 `BestWeights` holds a copy of the weights (and optimizer state) of the best validation so far and
 puts them back on request: the run keeps the model that validated best, and a model that falls
 apart after learning can be rolled back. docs/stability.md explains when NTMs fall apart and what
-prevents it (above all, gradient-norm clipping at the size of a typical gradient, ``max_norm=1``).
+prevents it: `SpikeClip`, gradient-norm clipping at 1 and at twice the recent median norm).
 
-Example (a user's loop; ``validate`` returns wrong bits per sequence, lower is better)::
+Example (a user's loop, the README's; ``validate`` returns wrong bits per sequence, lower is
+better)::
 
+    clip = SpikeClip(ntm.parameters())
     keeper = BestWeights(ntm, optimizer)
     for step in range(steps):
         ...
-        torch.nn.utils.clip_grad_norm_(ntm.parameters(), 1.0)
+        clip()                          # between backward and the optimizer's step
         optimizer.step()
         if step % 100 == 0:
             keeper.update(validate(ntm))
