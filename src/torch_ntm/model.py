@@ -197,7 +197,8 @@ def _activate(raw: Tensor, fields: list[int], beta_cap: float = 0.0,
 
 
 def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+    # (a SymInt is a size that torch.export keeps symbolic, such as a dynamic batch size)
+    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
 
@@ -660,6 +661,8 @@ class NTM(_NTMBase):
         return PackedSequence(data, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
 
     def _forward_padded(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
+        if torch.compiler.is_exporting():
+            return self._forward_scan(x, state)
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
         # hand-written backward take one dtype (the parameters'), not autocast's mix.
         if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
@@ -673,6 +676,24 @@ class NTM(_NTMBase):
             y, state = self._step(x_t, state)
             outputs.append(y)
         return self._finish(outputs), state
+
+    def _forward_scan(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
+        """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
+        time axis of any length, where a Python loop would fix the traced length."""
+        from torch._higher_order_ops.scan import scan
+
+        x, state = self._prepare(x, state)
+        layers = len(state.controller)
+
+        def step(carry: tuple, x_t: Tensor) -> tuple[tuple, Tensor]:  # flat tensors in and out
+            y, new = self._step(x_t, NTMState(tuple(carry[:layers]), *carry[layers:]))
+            return (*new.controller, *new[1:]), y
+
+        # scan needs the carry's leaves laid out as the step returns them
+        flat = tuple(t.contiguous() for t in (*state.controller, *state[1:]))
+        final, y = scan(step, flat, x)
+        state = NTMState(tuple(final[:layers]), *final[layers:])
+        return (y.transpose(0, 1) if self.batch_first else y), state
 
     def trace(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState, NTMTrace]:
         """Like `forward`, and also records every step's weightings, erase/add vectors and memory.

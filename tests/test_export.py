@@ -1,0 +1,44 @@
+"""torch.export of NTM with a dynamic sequence length (and batch size): the exported program is
+the eager function at lengths and batch sizes it was not traced at."""
+
+from __future__ import annotations
+
+import torch
+from torch.export import Dim
+from torch.utils._pytree import tree_map
+
+from torch_ntm import NTM
+
+
+def _check_agrees(program, model, x, *state):
+    logits, after = program.module()(x, *state)
+    expected, expected_after = model(x, *state)
+    assert logits.shape == expected.shape
+    torch.testing.assert_close(logits, expected, rtol=1e-10, atol=1e-10)
+    for got, want in zip(after[1:], expected_after[1:]):  # memory, weightings, reads
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+    for got, want in zip(after[0], expected_after[0]):  # controller (h, c)
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
+
+
+def test_exported_ntm_is_the_eager_function_at_new_lengths_and_batch_sizes():
+    torch.manual_seed(0)
+    model = NTM(9, 8, memory_size=16, controller_layers=2, read_heads=2, write_heads=2,
+                shift_range=2, dtype=torch.float64).eval()
+    traced = torch.rand(5, 2, 9, dtype=torch.float64)
+    program = torch.export.export(model, (traced,),
+                                  dynamic_shapes={"x": {0: Dim("T"), 1: Dim("B")}})
+    for steps, batch in ((13, 3), (2, 1), (30, 4)):
+        _check_agrees(program, model, torch.rand(steps, batch, 9, dtype=torch.float64))
+
+
+def test_exported_batch_first_ntm_takes_a_state_and_carries_it_on():
+    torch.manual_seed(1)
+    model = NTM(9, 8, memory_size=16, controller="feedforward", batch_first=True,
+                dtype=torch.float64).eval()
+    x = torch.rand(2, 6, 9, dtype=torch.float64)
+    _, state = model(x)
+    program = torch.export.export(model, (x, state), dynamic_shapes={
+        "x": {1: Dim("T")}, "state": tree_map(lambda _: None, state)})
+    for steps in (11, 3):
+        _check_agrees(program, model, torch.rand(2, steps, 9, dtype=torch.float64), state)
