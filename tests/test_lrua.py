@@ -1,22 +1,28 @@
-"""Tests of Least Recently Used Access (LRUA) in `torch_ntm.functional` (Santoro et al. 2016).
+"""Tests of Least Recently Used Access (LRUA) in `torch_ntm.functional` and of the `MANN` module
+built on it (Santoro et al. 2016).
 
 Each op is checked against an independent float64 NumPy oracle written from the paper's equations
 with explicit loops, against small cases computed by hand, for its invariants (non-negative
 weightings and usage, reads summing to one, exactly n least-used rows), with `gradcheck` for the
 differentiable parts, and at the edges (zero memory, zero keys, one-hot weightings). Sizes are
-unequal (B=3, H=2, N=7, M=5) so that a swapped axis fails.
+unequal (B=3, H=2, N=7, M=5) so that a swapped axis fails. The module is checked against a step
+composed by hand from its parameters, for the recurrent contract (cell = sequence, carried state =
+one pass, batch_first), with gradcheck, and for its errors.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
 import pytest
 import torch
 
+from torch_ntm import MANN, MANNCell, MANNState
 from torch_ntm import functional as F
 from torch_ntm.functional import EPS, USAGE_DECAY
+from torch_ntm.mann import MANNOptions
 
 B, H, N, M = 3, 2, 7, 5
 TOL = {"rtol": 1e-12, "atol": 1e-12}
@@ -329,3 +335,246 @@ def test_float32_agrees_with_float64():
     out32 = one_step(*(a.float() for a in args64))
     for a, b in zip(out32, out64):
         torch.testing.assert_close(a, b.float(), rtol=1e-4, atol=1e-5)
+
+
+# ============================================================================================
+# The MANN module (torch_ntm.mann).
+# ============================================================================================
+
+IN, OUT, T = 6, 4, 5
+SMALL = {"controller_size": 8, "memory_size": N, "memory_width": M, "read_heads": H}
+CONFIGS = [{}, {"write_vector": "key"}, {"learned_beta": True, "usage_decay": 0.5}]
+config_params = pytest.mark.parametrize("cfg", CONFIGS, ids=["add", "key", "beta_decay"])
+
+
+def build(cls=MANN, seed: int = 0, **kwargs):
+    torch.manual_seed(seed)
+    return cls(IN, OUT, **{**SMALL, "dtype": torch.float64, **kwargs})
+
+
+def inputs(shape=(T, B, IN), seed: int = 1) -> torch.Tensor:
+    return rand(*shape, seed=seed)
+
+
+def assert_states_close(a: MANNState, b: MANNState, **tol) -> None:
+    for name, x, y in zip(MANNState._fields, a, b):
+        if name == "controller":
+            for xi, yi in zip(x, y):
+                torch.testing.assert_close(xi, yi, **tol)
+        else:
+            torch.testing.assert_close(x, y, **tol, msg=lambda s, n=name: f"{n}: {s}")
+
+
+def reference_step(model, x, state: MANNState):
+    """One step from the parameters and the functional ops, as section 3 of the paper reads."""
+    p = dict(model.named_parameters())
+    b, m, h = x.shape[0], model.memory_width, model.read_heads
+    inp = torch.cat([x, state.reads.reshape(b, h * m)], -1)  # [x_t, r_{t-1}]
+    gates = (inp @ p["controller.cells.0.weight_ih"].T + p["controller.cells.0.bias_ih"]
+             + state.controller[0][0] @ p["controller.cells.0.weight_hh"].T
+             + p["controller.cells.0.bias_hh"])
+    i, f, g, o = gates.chunk(4, -1)
+    c = torch.sigmoid(f) * state.controller[1][0] + torch.sigmoid(i) * torch.tanh(g)
+    hid = torch.sigmoid(o) * torch.tanh(c)
+    raw = (hid @ p["head_params.weight"].T + p["head_params.bias"]).view(b, h, -1)
+    key, alpha = torch.tanh(raw[..., :m]), raw[..., m : m + 1]
+    add = torch.tanh(raw[..., m + 1 : 2 * m + 1]) if model.write_vector == "add" else key
+    beta = (torch.nn.functional.softplus(raw[..., -1:]) if model.learned_beta
+            else torch.ones_like(alpha))
+    w_w = F.lrua_write_weights(state.read_weights, state.least_used, alpha)
+    memory = F.lrua_write(state.memory, state.usage, w_w, add)
+    w_r = F.content_weights(memory, key, beta)
+    usage = F.update_usage(state.usage, w_r, w_w, model.usage_decay)
+    reads = F.read(memory, w_r)
+    logits = torch.cat([hid, reads.reshape(b, -1)], -1) @ p["output.weight"].T + p["output.bias"]
+    return logits, MANNState((hid[None], c[None]), memory, usage, w_r, F.least_used(usage, h),
+                             reads)
+
+
+@config_params
+def test_cell_step_matches_a_reference_composed_from_parameters(cfg):
+    cell = build(MANNCell, **cfg)
+    x = inputs((B, IN))
+    state = cell.initial_state(B)
+    for _ in range(3):  # the initial state, then states with memory, usage and reads
+        logits, new_state = cell(x, state)
+        ref_logits, ref_state = reference_step(cell, x, state)
+        torch.testing.assert_close(logits, ref_logits, **TOL)
+        assert_states_close(new_state, ref_state, **TOL)
+        state = new_state
+
+
+def test_shapes_and_initial_state():
+    mann = build()
+    logits, state = mann(inputs())
+    assert logits.shape == (T, B, OUT)
+    assert [list(t.shape) for t in state.controller] == [[1, B, 8]] * 2
+    shapes = {"memory": (B, N, M), "usage": (B, N), "read_weights": (B, H, N),
+              "least_used": (B, N), "reads": (B, H, M)}
+    for name, shape in shapes.items():
+        assert getattr(state, name).shape == shape, name
+    s0 = mann.initial_state(B)
+    assert (s0.memory == 1e-6).all() and (s0.usage == 0).all() and (s0.reads == 0).all()
+    assert (s0.read_weights == 0).all()
+    assert s0.least_used.tolist() == [[1.0] * H + [0.0] * (N - H)] * B
+
+
+def test_defaults_are_the_papers_sizes():
+    mann = MANN(IN, OUT)
+    assert (mann.controller_size, mann.memory_size, mann.memory_width, mann.read_heads) == (
+        200, 128, 40, 4)
+    assert mann.usage_decay == USAGE_DECAY and not mann.batch_first
+
+
+@config_params
+def test_stepping_the_cell_equals_the_sequence_module(cfg):
+    mann = build(**cfg)
+    cell = build(MANNCell, seed=9, **cfg)
+    cell.load_state_dict(mann.state_dict())
+    x = inputs()
+    logits, state = mann(x)
+    cell_state, steps = None, []
+    for x_t in x:
+        y, cell_state = cell(x_t, cell_state)
+        steps.append(y)
+    torch.testing.assert_close(torch.stack(steps), logits, **TOL)
+    assert_states_close(cell_state, state, **TOL)
+
+
+@config_params
+def test_two_halves_with_carried_state_equal_one_pass(cfg):
+    mann = build(**cfg)
+    x = inputs((2 * T, B, IN))
+    logits, state = mann(x)
+    y1, s1 = mann(x[:T])
+    y2, s2 = mann(x[T:], s1)
+    torch.testing.assert_close(torch.cat([y1, y2]), logits, **TOL)
+    assert_states_close(s2, state, **TOL)
+
+
+def test_batch_first_equals_time_major_transposed():
+    mann, mann_bf = build(), build(batch_first=True)
+    x = inputs()
+    y, s = mann(x)
+    y_bf, s_bf = mann_bf(x.transpose(0, 1).contiguous())
+    torch.testing.assert_close(y_bf, y.transpose(0, 1), **TOL)
+    assert_states_close(s_bf, s, **TOL)
+
+
+def test_the_memory_is_reset_per_call_without_a_state():
+    mann = build()
+    x = inputs()
+    y1, _ = mann(x)
+    y2, _ = mann(x)
+    assert torch.equal(y1, y2)
+
+
+@config_params
+def test_invariants_along_a_sequence(cfg):
+    cell = build(MANNCell, **cfg)
+    state = None
+    for x_t in inputs((12, B, IN)):
+        _, state = cell(x_t, state)
+        assert (state.read_weights >= 0).all() and (state.usage >= 0).all()
+        torch.testing.assert_close(state.read_weights.sum(-1),
+                                   torch.ones(B, H, dtype=torch.float64))
+        assert (state.least_used.sum(-1) == H).all()
+
+
+def test_gradcheck_tiny_mann():
+    mann = MANN(3, 2, controller_size=3, memory_size=4, memory_width=2, read_heads=2,
+                dtype=torch.float64)
+    torch.manual_seed(0)
+    x = rand(3, 2, 3, seed=43).requires_grad_()
+    names = ["head_params.weight", "output.weight", "controller.cells.0.weight_ih"]
+    params = {n: p.detach().clone().requires_grad_() for n, p in mann.named_parameters()
+              if n in names}
+
+    def run(x, *ps):
+        out, state = torch.func.functional_call(mann, dict(zip(names, ps)), (x,))
+        return out, state.memory, state.usage
+
+    assert torch.autograd.gradcheck(run, (x, *(params[n] for n in names)))
+
+
+@config_params
+def test_no_nan_with_zero_inputs(cfg):
+    mann = build(**cfg)
+    x = torch.zeros(T, B, IN, dtype=torch.float64, requires_grad=True)
+    logits, state = mann(x)
+    assert torch.isfinite(logits).all()
+    (logits.sum() + state.memory.sum() + state.usage.sum()).backward()
+    assert torch.isfinite(x.grad).all()
+    for name, p in mann.named_parameters():
+        assert p.grad is not None and torch.isfinite(p.grad).all(), name
+
+
+def test_every_parameter_gets_a_gradient():
+    mann = build(learned_beta=True)
+    logits, _ = mann(inputs())
+    logits.pow(2).sum().backward()
+    for name, p in mann.named_parameters():
+        assert p.grad is not None and p.grad.abs().sum() > 0, name
+
+
+def test_memory_size_does_not_change_parameter_shapes():
+    small, big = build(memory_size=N), build(memory_size=64)
+    assert {n: p.shape for n, p in small.named_parameters()} == {
+        n: p.shape for n, p in big.named_parameters()}
+    big.load_state_dict(small.state_dict())
+    logits, state = big(inputs())
+    assert logits.shape == (T, B, OUT) and state.memory.shape == (B, 64, M)
+
+
+def test_wrong_input_shapes_name_expected_and_actual():
+    mann, cell = build(), build(MANNCell)
+    with pytest.raises(ValueError, match=r"\[time, batch, 6\], got \[5, 3, 7\]"):
+        mann(inputs((T, B, IN + 1)))
+    with pytest.raises(ValueError, match=r"got \[3, 6\]; for one step .* use MANNCell"):
+        mann(inputs((B, IN)))
+    with pytest.raises(ValueError, match=r"\[batch, time, 6\]"):
+        build(batch_first=True)(inputs((B, IN)))
+    with pytest.raises(ValueError, match=r"length 0"):
+        mann(inputs((0, B, IN)))
+    with pytest.raises(ValueError, match=r"\[batch, 6\], got \[5, 3, 6\]; .* use MANN"):
+        cell(inputs())
+    with pytest.raises(ValueError, match=r"dtype torch.float64 .* got torch.float32"):
+        mann(inputs().float())
+
+
+def test_a_state_from_another_batch_size_or_model_is_rejected():
+    mann = build()
+    _, state = mann(inputs())
+    with pytest.raises(ValueError, match=r"state.controller .* another batch size"):
+        mann(inputs((T, B + 1, IN)), state)
+    with pytest.raises(ValueError, match=r"state.memory has shape \[3, 7, 5\], expected"):
+        build(memory_size=N + 1)(inputs(), state)
+    with pytest.raises(TypeError, match="MANNState"):
+        mann(inputs(), tuple(state))
+
+
+@pytest.mark.parametrize("bad, message", [
+    ({"read_heads": N + 1}, r"memory_size must be >= read_heads"),
+    ({"usage_decay": 1.5}, r"usage_decay must be a number in \[0, 1\]"),
+    ({"write_vector": "erase"}, r"unknown write_vector 'erase'; valid choices: add, key"),
+    ({"memory_width": 0}, r"memory_width must be an integer >= 1"),
+])
+def test_invalid_options_name_the_problem(bad, message):
+    with pytest.raises(ValueError, match=message):
+        build(**bad)
+
+
+def test_options_are_one_list():
+    """The keyword arguments, `MANNOptions`, the attributes and `config()` name the same things."""
+    import inspect
+
+    fields = [f.name for f in dataclasses.fields(MANNOptions)]
+    for cls in (MANN, MANNCell):
+        params = inspect.signature(cls.__init__).parameters
+        kw = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
+        assert kw[: len(fields)] == fields
+    mann = build(write_vector="key")
+    assert mann.config() == {"input_size": IN, "output_size": OUT, **SMALL,
+                             "usage_decay": USAGE_DECAY, "write_vector": "key",
+                             "learned_beta": False, "batch_first": False}
+    assert MANN(**mann.config(), dtype=torch.float64).config() == mann.config()
