@@ -209,9 +209,10 @@ def write(memory: Tensor, w: Tensor, erase: Tensor, add: Tensor) -> Tensor:
 # ------------------------------------------------------------------------------------------------
 
 # The usage decay gamma of eq. (w^u_t = gamma w^u_{t-1} + w^r_t + w^w_t). 0.95 rather than 0.99: an
-# access's usage halves in ~14 steps (0.95^14 = 0.49), against ~69 at 0.99. An Omniglot episode is
-# 50-100 steps, so at 0.99 usage hardly decays within an episode and "least recently used" becomes
-# "least used so far"; at 0.95 a row unread for a few dozen steps can be reclaimed in the episode.
+# access's usage halves in ~14 steps (0.95^14 = 0.49), against ~69 at 0.99. A 5-class Omniglot
+# episode (10 samples per class) is 50 steps, so at 0.99 usage hardly decays within an episode and
+# "least recently used" becomes "least used so far"; at 0.95 a row unread for a few dozen steps
+# can be reclaimed within the episode.
 USAGE_DECAY = 0.95
 
 
