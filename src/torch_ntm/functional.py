@@ -13,6 +13,17 @@ The addressing pipeline of one head (figure 2 of the paper) is
     w   = sharpen(w~, gamma)                   # eq. (9)
 
 and `address` runs the four steps in that order.
+
+Least Recently Used Access (LRUA) of Santoro et al. (2016), "Meta-Learning with Memory-Augmented
+Neural Networks", section 3.2 (used by `torch_ntm.mann`), one step:
+
+    w^w_t  = lrua_write_weights(w^r_{t-1}, w^lu_{t-1}, alpha_t)
+    M_t    = lrua_write(M_{t-1}, w^u_{t-1}, w^w_t, a_t)     # zero the least-used row, then add
+    w^r_t  = content_weights(M_t, k_t, beta=1)              # cosine similarity, softmax
+    w^u_t  = update_usage(w^u_{t-1}, w^r_t, w^w_t, gamma)
+    w^lu_t = least_used(w^u_t, n)                           # n = number of read heads
+
+with usage ``w^u`` ``[B, N]`` and the least-used weighting ``w^lu`` ``[B, N]`` shared by all heads.
 """
 
 from __future__ import annotations
@@ -29,6 +40,11 @@ __all__ = [
     "address",
     "read",
     "write",
+    "USAGE_DECAY",
+    "update_usage",
+    "least_used",
+    "lrua_write_weights",
+    "lrua_write",
 ]
 
 # The one numerical-safety constant. Cosine similarity divides by the norms of the key and of each
@@ -186,3 +202,94 @@ def write(memory: Tensor, w: Tensor, erase: Tensor, add: Tensor) -> Tensor:
     else:
         keep = torch.prod(1.0 - wt.unsqueeze(-1) * erase.unsqueeze(1), dim=2)  # (B, N, M)
     return memory * keep + torch.matmul(wt, add)
+
+
+# ------------------------------------------------------------------------------------------------
+# Least Recently Used Access (Santoro et al. 2016, section 3.2)
+# ------------------------------------------------------------------------------------------------
+
+# The usage decay gamma of eq. (w^u_t = gamma w^u_{t-1} + w^r_t + w^w_t). 0.95 rather than 0.99: an
+# access's usage halves in ~14 steps (0.95^14 = 0.49), against ~69 at 0.99. A 5-class Omniglot
+# episode (10 samples per class) is 50 steps, so at 0.99 usage hardly decays within an episode and
+# "least recently used" becomes "least used so far"; at 0.95 a row unread for a few dozen steps
+# can be reclaimed within the episode.
+USAGE_DECAY = 0.95
+
+
+def update_usage(usage: Tensor, w_read: Tensor, w_write: Tensor,
+                 gamma: float = USAGE_DECAY) -> Tensor:
+    """Usage weights ``w^u_t = gamma w^u_{t-1} + sum_h w^r_t[h] + sum_h w^w_t[h]``.
+
+    Args:
+        usage: ``[B, N]`` previous usage w^u_{t-1}, non-negative.
+        w_read: ``[B, Hr, N]`` read weightings w^r_t (this step's).
+        w_write: ``[B, Hw, N]`` write weightings w^w_t (this step's).
+        gamma: decay in [0, 1] (default `USAGE_DECAY`, 0.95).
+
+    Returns:
+        ``[B, N]`` usage w^u_t, non-negative when the inputs are.
+    """
+    if not 0.0 <= gamma <= 1.0:
+        raise ValueError(f"usage decay gamma must be in [0, 1], got {gamma!r}")
+    return gamma * usage + w_read.sum(1) + w_write.sum(1)
+
+
+def least_used(usage: Tensor, n: int) -> Tensor:
+    """Least-used weighting ``w^lu_t(i) = 1 if w^u_t(i) <= m(w^u_t, n) else 0``.
+
+    ``m(v, n)`` is the n-th smallest element of v. Exactly n entries are 1: among equal usages the
+    lower row indices come first (a stable sort), so ties (e.g. the all-zero initial usage) give
+    the same mask on every run and device. The mask is a step function of the usage, so it carries
+    no gradient (the usage is detached).
+
+    Args:
+        usage: ``[B, N]`` usage w^u_t.
+        n: how many rows to mark, 1 <= n <= N (the number of read heads in the paper).
+
+    Returns:
+        ``[B, N]`` float mask (usage's dtype) with exactly n ones per batch element.
+    """
+    size = usage.shape[-1]
+    if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= size:
+        raise ValueError(f"least_used needs 1 <= n <= N={size} rows to mark, got n={n!r}")
+    order = torch.sort(usage.detach(), dim=-1, stable=True).indices[..., :n]  # (B, n)
+    return torch.zeros_like(usage).scatter_(-1, order, 1.0)
+
+
+def lrua_write_weights(w_read_prev: Tensor, w_lu_prev: Tensor, alpha: Tensor) -> Tensor:
+    """LRUA write weighting ``w^w_t = sigmoid(alpha) w^r_{t-1} + (1 - sigmoid(alpha)) w^lu_{t-1}``.
+
+    Write head h interpolates between read head h's previous weighting (update a row just read)
+    and the least-used rows (write somewhere fresh). ``w^lu`` has n ones, so w^w sums to
+    ``sigmoid(alpha) + n (1 - sigmoid(alpha))``, not to one, as in the paper.
+
+    Args:
+        w_read_prev: ``[B, H, N]`` read weightings w^r_{t-1}.
+        w_lu_prev: ``[B, N]`` least-used weighting w^lu_{t-1} (`least_used`), shared by the heads.
+        alpha: ``[B, H, 1]`` gate logits alpha_t (any real; sigmoid is applied here).
+
+    Returns:
+        ``[B, H, N]`` write weightings w^w_t, non-negative.
+    """
+    g = torch.sigmoid(alpha)  # (B, H, 1)
+    return w_lu_prev.unsqueeze(1) + g * (w_read_prev - w_lu_prev.unsqueeze(1))
+
+
+def lrua_write(memory: Tensor, usage_prev: Tensor, w_write: Tensor, add: Tensor) -> Tensor:
+    """LRUA memory update: zero the least-used row, then ``M_t = M_{t-1} + sum_h w^w_h a_h^T``.
+
+    The zeroed row is the single least-used row of w^u_{t-1}, ``argmin_i w^u_{t-1}(i)`` (the
+    lowest index among ties, i.e. the first row `least_used` marks), one per batch element.
+
+    Args:
+        memory: ``[B, N, M]`` memory M_{t-1}.
+        usage_prev: ``[B, N]`` usage w^u_{t-1}.
+        w_write: ``[B, H, N]`` write weightings w^w_t.
+        add: ``[B, H, M]`` vectors written, one per write head (the paper writes the key k_t).
+
+    Returns:
+        ``[B, N, M]`` memory M_t.
+    """
+    row = torch.argmin(usage_prev.detach(), dim=-1, keepdim=True)  # (B, 1), first minimum
+    keep = torch.ones_like(usage_prev).scatter_(-1, row, 0.0)  # (B, N): 0 at the zeroed row
+    return memory * keep.unsqueeze(-1) + torch.matmul(w_write.transpose(1, 2), add)

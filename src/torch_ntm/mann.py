@@ -1,0 +1,352 @@
+"""A memory-augmented neural network with Least Recently Used Access: `MANNCell` and `MANN`.
+
+Santoro, Bartunov, Botvinick, Wierstra & Lillicrap (2016), "Meta-Learning with Memory-Augmented
+Neural Networks", section 3. One time step (H read heads and as many write heads, one to one):
+
+    h_t, ctrl_t = LSTM([x_t, r_{t-1}], ctrl_{t-1})
+    k, alpha, a = one linear layer of h_t, split per head           (a: see ``write_vector``)
+    w^w_t       = sigmoid(alpha) w^r_{t-1} + (1 - sigmoid(alpha)) w^lu_{t-1}
+    M_t         = M_{t-1} with its least-used row (argmin w^u_{t-1}) zeroed, + sum_h w^w_h a_h^T
+    w^r_t       = softmax(cosine(k, M_t))                           (beta = 1, or learned)
+    r_t         = w^r_t M_t
+    w^u_t       = gamma w^u_{t-1} + sum_h w^r_t + sum_h w^w_t
+    w^lu_t      = the H rows of smallest usage w^u_t                (a 0/1 mask)
+    y_t         = linear([h_t, r_t])                                (logits)
+
+The addressing is in `torch_ntm.functional` (`lrua_write_weights`, `lrua_write`, `update_usage`,
+`least_used`, `content_weights`). As for `torch_ntm.model.NTM`, all state is explicit
+(`MANNState`), modules hold parameters only, and no parameter's shape depends on the number of
+memory rows N.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from torch_ntm import functional as ntmf
+from torch_ntm.model import MEMORY_INIT_CONSTANT, LSTMController
+
+__all__ = ["MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
+
+# What a write head adds to memory. "add": its own add vector a_h = tanh(W h_t) (an NTM-style
+# write, which lets what is stored differ from what it is found by); "key": the key of read head
+# h, as in the paper (M_t(i) = M_{t-1}(i) + w^w_t(i) k_t), so memory holds the keys it is read by.
+WRITE_VECTORS = ("add", "key")
+
+
+class MANNState(NamedTuple):
+    """Recurrent state of a MANN, passed in and returned by `forward`.
+
+    Attributes:
+        controller: the LSTM's ``(h, c)``, each ``[1, B, C]`` (as for `nn.LSTM`).
+        memory: ``[B, N, M]`` memory M_t.
+        usage: ``[B, N]`` usage weights w^u_t.
+        read_weights: ``[B, H, N]`` read weightings w^r_t.
+        least_used: ``[B, N]`` least-used weighting w^lu_t (H ones), used by the next step.
+        reads: ``[B, H, M]`` read vectors r_t.
+    """
+
+    controller: tuple
+    memory: Tensor
+    usage: Tensor
+    read_weights: Tensor
+    least_used: Tensor
+    reads: Tensor
+
+
+@dataclass
+class MANNOptions:
+    """The architecture of a MANN: the keyword arguments of `MANN` and `MANNCell` but
+    ``batch_first``, ``device`` and ``dtype`` (documented in `MANN`)."""
+
+    controller_size: int = 200
+    memory_size: int = 128
+    memory_width: int = 40
+    read_heads: int = 4
+    usage_decay: float = ntmf.USAGE_DECAY
+    write_vector: str = "add"
+    learned_beta: bool = False
+
+    def checked(self) -> MANNOptions:
+        """These options, with ``usage_decay`` as a float.
+
+        Raises:
+            ValueError: naming the first invalid option and what it must be.
+        """
+        for name in ("controller_size", "memory_size", "memory_width", "read_heads"):
+            _positive_int(name, getattr(self, name))
+        decay = self.usage_decay
+        if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
+            raise ValueError(f"usage_decay must be a number in [0, 1], got {decay!r}")
+        if self.write_vector not in WRITE_VECTORS:
+            raise ValueError(f"unknown write_vector {self.write_vector!r}; valid choices: "
+                             f"{', '.join(WRITE_VECTORS)}")
+        if not isinstance(self.learned_beta, bool):
+            raise ValueError(f"learned_beta must be True or False, got {self.learned_beta!r}")
+        if self.read_heads > self.memory_size:
+            raise ValueError(
+                f"read_heads={self.read_heads} least-used rows are marked each step, so "
+                f"memory_size must be >= read_heads, got memory_size={self.memory_size}"
+            )
+        return dataclasses.replace(self, usage_decay=float(decay))
+
+
+def _positive_int(name: str, value, minimum: int = 1) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+    return value
+
+
+class HeadParameters(NamedTuple):
+    """Activated parameters of all H heads (a read head and its write head together)."""
+
+    key: Tensor  # k, (B, H, M), tanh
+    alpha: Tensor  # alpha, (B, H, 1), raw: `lrua_write_weights` applies the sigmoid
+    add: Tensor  # a, (B, H, M), tanh; the key itself when write_vector == "key"
+    beta: Tensor  # beta, (B, H, 1), softplus if learned, else 1 (the paper's plain cosine)
+
+
+class _MANNBase(nn.Module):
+    """Parameters, initial state and the one-step update shared by `MANNCell` and `MANN`."""
+
+    def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
+                 memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
+                 usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
+                 learned_beta: bool = False, device=None, dtype=None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.input_size = _positive_int("input_size", input_size)
+        self.output_size = _positive_int("output_size", output_size)
+        self.options = MANNOptions(controller_size, memory_size, memory_width, read_heads,
+                                   usage_decay, write_vector, learned_beta).checked()
+        for name, value in dataclasses.asdict(self.options).items():
+            setattr(self, name, value)  # mann.memory_size, ...
+
+        h, m = self.read_heads, self.memory_width
+        # Each head's fields, in this order: key (M), alpha (1)[, add (M)][, beta (1)].
+        self._fields = [m, 1] + ([m] if write_vector == "add" else []) + (
+            [1] if learned_beta else [])
+        self.controller = LSTMController(input_size + h * m, controller_size, 1, **factory)
+        self.head_params = nn.Linear(controller_size, h * sum(self._fields), **factory)
+        self.output = nn.Linear(controller_size + h * m, output_size, **factory)
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every parameter (called last in ``__init__``)."""
+        self.controller.reset_parameters()
+        self.head_params.reset_parameters()
+        self.output.reset_parameters()
+
+    def extra_repr(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
+        return f"{self.input_size}, {self.output_size}, {options}"
+
+    def config(self) -> dict:
+        """The constructor arguments (sizes and options) that rebuild this module's shape."""
+        return {"input_size": self.input_size, "output_size": self.output_size,
+                **dataclasses.asdict(self.options)}
+
+    @property
+    def _ref(self) -> Tensor:
+        return self.head_params.weight
+
+    def initial_state(self, batch_size: int, device=None, dtype=None) -> MANNState:
+        """The initial state for a batch: nothing read or written yet.
+
+        Memory is a small constant (`torch_ntm.model.MEMORY_INIT_CONSTANT`, as NTM's
+        ``memory_init="constant"``); usage, read weightings and read vectors are zero (no access
+        so far, r_0 = w^r_0 M_0 = 0), so the first write goes to the least-used rows, which are
+        rows 0..H-1 of the all-zero usage. The controller's ``(h, c)`` is learned.
+
+        Args:
+            batch_size: B.
+            device, dtype: default to those of the module's parameters.
+
+        Returns:
+            `MANNState` (shapes as documented there).
+        """
+        _positive_int("batch_size", batch_size)
+        device = self._ref.device if device is None else device
+        dtype = self._ref.dtype if dtype is None else dtype
+        b, n, m, h = batch_size, self.memory_size, self.memory_width, self.read_heads
+        usage = torch.zeros(b, n, device=device, dtype=dtype)
+        return MANNState(
+            controller=tuple(t.to(device, dtype) for t in self.controller.initial_state(b)),
+            memory=torch.full((b, n, m), MEMORY_INIT_CONSTANT, device=device, dtype=dtype),
+            usage=usage,
+            read_weights=torch.zeros(b, h, n, device=device, dtype=dtype),
+            least_used=ntmf.least_used(usage, h),
+            reads=torch.zeros(b, h, m, device=device, dtype=dtype),
+        )
+
+    def _check_dtype(self, x: Tensor) -> None:
+        if x.dtype != self._ref.dtype:
+            raise ValueError(
+                f"{type(self).__name__} expects input of dtype {self._ref.dtype} (its "
+                f"parameters'), got {x.dtype}; convert with x.to({self._ref.dtype}) or the "
+                f"model with .to({x.dtype})"
+            )
+
+    def _check_state(self, state: MANNState, batch_size: int, ref: Tensor) -> None:
+        if not isinstance(state, MANNState):
+            raise TypeError(f"state must be a MANNState, got {type(state).__name__}")
+        b, n, m, h = batch_size, self.memory_size, self.memory_width, self.read_heads
+        c = [1, b, self.controller_size]
+        got = state.controller
+        if not (isinstance(got, tuple) and len(got) == 2 and all(
+                isinstance(t, Tensor) and list(t.shape) == c for t in got)):
+            raise ValueError(f"state.controller must be (h, c), each of shape {c}; was the state "
+                             f"made for another batch size or model?")
+        expected = {"memory": (b, n, m), "usage": (b, n), "read_weights": (b, h, n),
+                    "least_used": (b, n), "reads": (b, h, m)}
+        for name, shape in expected.items():
+            actual = tuple(getattr(state, name).shape)
+            if actual != shape:
+                raise ValueError(
+                    f"state.{name} has shape {list(actual)}, expected {list(shape)} (batch {b}, "
+                    f"memory {n}x{m}, {h} heads); was the state made for another batch size or "
+                    f"model?"
+                )
+        if state.memory.dtype != ref.dtype or state.memory.device != ref.device:
+            raise ValueError(f"state is {state.memory.dtype} on {state.memory.device} but the "
+                             f"input is {ref.dtype} on {ref.device}")
+
+    def _heads(self, raw: Tensor) -> HeadParameters:
+        """Split ``[B, H, sum(fields)]`` raw parameters into named, activated fields."""
+        parts = torch.split(raw, self._fields, dim=-1)
+        key = torch.tanh(parts[0])
+        add = torch.tanh(parts[2]) if self.write_vector == "add" else key
+        beta = F.softplus(parts[-1]) if self.learned_beta else torch.ones_like(parts[1])
+        return HeadParameters(key=key, alpha=parts[1], add=add, beta=beta)
+
+    def _step(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
+        """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``."""
+        b = x.shape[0]
+        h, ctrl = self.controller(torch.cat([x, state.reads.reshape(b, -1)], -1), state.controller)
+        hp = self._heads(self.head_params(h).view(b, self.read_heads, -1))
+        w_write = ntmf.lrua_write_weights(state.read_weights, state.least_used, hp.alpha)
+        memory = ntmf.lrua_write(state.memory, state.usage, w_write, hp.add)
+        w_read = ntmf.content_weights(memory, hp.key, hp.beta)  # (B, H, N)
+        usage = ntmf.update_usage(state.usage, w_read, w_write, self.usage_decay)
+        reads = ntmf.read(memory, w_read)  # (B, H, M)
+        logits = self.output(torch.cat([h, reads.reshape(b, -1)], -1))
+        return logits, MANNState(ctrl, memory, usage, w_read,
+                                 ntmf.least_used(usage, self.read_heads), reads)
+
+
+class MANNCell(_MANNBase):
+    """One step of a MANN; same constructor arguments as `MANN` (except ``batch_first``) and the
+    same parameter names, so ``cell.load_state_dict(mann.state_dict())`` steps a trained model.
+
+    Example::
+
+        cell = MANNCell(25, 5)
+        state = None
+        for x_t in xs:                      # x_t: (B, 25)
+            logits, state = cell(x_t, state)
+    """
+
+    def forward(self, x: Tensor, state: MANNState | None = None) -> tuple[Tensor, MANNState]:
+        """Args:
+            x: ``[B, input_size]`` input of one step.
+            state: `MANNState` of the previous step, or None for `initial_state`.
+
+        Returns:
+            ``(logits [B, output_size], state)``.
+        """
+        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.input_size:
+            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            raise ValueError(f"MANNCell expects input of shape [batch, {self.input_size}], got "
+                             f"{got}; for a sequence [time, batch, {self.input_size}] use MANN")
+        self._check_dtype(x)
+        if state is None:
+            state = self.initial_state(x.shape[0], x.device, x.dtype)
+        else:
+            self._check_state(state, x.shape[0], x)
+        return self._step(x, state)
+
+
+class MANN(_MANNBase):
+    """A memory-augmented neural network with LRUA (Santoro et al. 2016) over sequences, with an
+    `nn.LSTM`-like interface (as `torch_ntm.NTM`).
+
+    Args:
+        input_size: width of each input step (for Omniglot episodes: the image features and the
+            previous step's one-hot label).
+        output_size: width of each output step (logits).
+        controller_size: hidden units of the LSTM controller (the paper: 200).
+        memory_size: N, rows of memory (the paper: 128).
+        memory_width: M, width of a row (the paper: 40).
+        read_heads: H, read heads, each with its own key; each has a write head with its own
+            alpha (and add vector); H rows are marked least used each step (the paper: 4).
+        usage_decay: gamma in [0, 1] (default `torch_ntm.functional.USAGE_DECAY`, 0.95).
+        write_vector: what a write head adds, ``"add"`` (its own tanh add vector, default) or
+            ``"key"`` (its read head's key, as in the paper); see `WRITE_VECTORS`.
+        learned_beta: False (default) reads with beta = 1, the paper's softmax of cosine
+            similarities; True lets each read head emit a key strength ``softplus(.)``.
+        batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
+        device, dtype: of the parameters.
+
+    Memory starts at a small constant for every call without a state; ``forward(x, state)``
+    carries a state on. No parameter depends on N: a trained model loads into a larger memory.
+
+    Example::
+
+        mann = MANN(25, 5)
+        logits, state = mann(x)             # x: (T, B, 25) -> logits (T, B, 5)
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
+                 memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
+                 usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
+                 learned_beta: bool = False, batch_first: bool = False, device=None,
+                 dtype=None) -> None:
+        super().__init__(input_size, output_size, controller_size=controller_size,
+                         memory_size=memory_size, memory_width=memory_width,
+                         read_heads=read_heads, usage_decay=usage_decay,
+                         write_vector=write_vector, learned_beta=learned_beta, device=device,
+                         dtype=dtype)
+        self.batch_first = bool(batch_first)
+
+    def extra_repr(self) -> str:
+        return super().extra_repr() + (", batch_first=True" if self.batch_first else "")
+
+    def config(self) -> dict:
+        return {**super().config(), "batch_first": self.batch_first}
+
+    def forward(self, x: Tensor, state: MANNState | None = None) -> tuple[Tensor, MANNState]:
+        """Args:
+            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``).
+            state: `MANNState` to continue from, or None for `initial_state`.
+
+        Returns:
+            ``(logits [T, B, output_size] (or batch first), state after the last step)``.
+        """
+        axes = "batch, time" if self.batch_first else "time, batch"
+        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[2] != self.input_size:
+            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
+            hint = (f"; for one step [batch, {self.input_size}] use MANNCell"
+                    if isinstance(x, Tensor) and x.dim() == 2 else "")
+            raise ValueError(f"MANN expects input of shape [{axes}, {self.input_size}], got "
+                             f"{got}{hint}")
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        if x.shape[0] == 0:
+            raise ValueError("MANN got an input sequence of length 0")
+        self._check_dtype(x)
+        if state is None:
+            state = self.initial_state(x.shape[1], x.device, x.dtype)
+        else:
+            self._check_state(state, x.shape[1], x)
+        outputs = []
+        for x_t in x:
+            y, state = self._step(x_t, state)
+            outputs.append(y)
+        y = torch.stack(outputs)  # (T, B, output_size)
+        return (y.transpose(0, 1) if self.batch_first else y), state
