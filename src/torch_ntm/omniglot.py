@@ -384,19 +384,29 @@ def _permutations(rows: int, n: int, generator: torch.Generator | None) -> Tenso
 
 
 def _jitter(x: Tensor, max_angle: float, max_shift: float, generator) -> Tensor:
-    """Rotate each ``[N, S, S]`` image about its centre and shift it (bilinear, zero outside).
+    """`_affine` with angles uniform in ``[-max_angle, max_angle]`` degrees and shifts uniform in
+    ``[-max_shift, max_shift]`` pixels per axis, one draw per image of ``x`` ``[N, S, S]``."""
+    u = torch.rand(x.shape[0], 3, generator=generator) * 2 - 1  # (N, 3) in [-1, 1)
+    return _affine(x, u[:, 0] * math.radians(max_angle), u[:, 1:] * max_shift)
 
-    Angles are uniform in ``[-max_angle, max_angle]`` degrees, shifts in ``[-max_shift,
-    max_shift]`` pixels per axis; one pixel is ``2 / S`` in `affine_grid`'s coordinates.
+
+def _affine(x: Tensor, angle: Tensor, shift: Tensor) -> Tensor:
+    """Rotate images about their centres, then shift them (bilinear, blank outside).
+
+    Args:
+        x: ``[N, S, S]`` images.
+        angle: ``[N]`` radians, anticlockwise as displayed (pi / 2 is ``rot90(1, (-2, -1))``).
+        shift: ``[N, 2]`` pixels, (right, down).
+
+    Returns:
+        ``[N, S, S]``.
     """
     N, S = x.shape[0], x.shape[-1]
-    u = torch.rand(N, 3, generator=generator) * 2 - 1  # (N, 3) in [-1, 1)
-    angle = u[:, 0] * math.radians(max_angle)
-    shift = u[:, 1:] * (max_shift * 2 / S)  # (N, 2)
+    move = shift * (2 / S)  # one pixel is 2 / S in affine_grid's coordinates
     cos, sin = angle.cos(), angle.sin()
-    # theta maps output coordinates to input coordinates: rotate, then move by -shift
+    # theta maps output coordinates to input coordinates: out(p) = x(R p - move)
     theta = torch.stack(
-        [torch.stack([cos, -sin, -shift[:, 0]], 1), torch.stack([sin, cos, -shift[:, 1]], 1)], 1
+        [torch.stack([cos, -sin, -move[:, 0]], 1), torch.stack([sin, cos, -move[:, 1]], 1)], 1
     )  # (N, 2, 3)
     grid = F.affine_grid(theta, [N, 1, S, S], align_corners=False)
     out = F.grid_sample(x.unsqueeze(1), grid, mode="bilinear", align_corners=False)
