@@ -2,9 +2,10 @@
 memory-augmented neural networks", section 4.1), with the images shipped in the package.
 
 The package holds 242 characters of the Omniglot background set (Lake et al. 2015, MIT licence;
-8 alphabets, 20 drawings each) downscaled to 20 x 20, in ``data/omniglot/omniglot20.safetensors``
-(made by ``scripts/prepare_omniglot.py``). ``root=`` points at a folder with the full Omniglot
-zips instead, for the paper's 1,200 / 423 character split (needs Pillow to read the PNGs).
+8 alphabets, 20 drawings each) downscaled to 20 x 20, in
+``data/omniglot/omniglot20.safetensors.gz`` (made by ``scripts/prepare_omniglot.py``); no file
+outside the package is read. ``root=`` points at a folder with the full Omniglot zips instead,
+for the paper's 1,200 / 423 character split (needs Pillow to read the PNGs).
 
     task = OmniglotTask()                    # 5 classes x 10 instances, training split
     inputs, targets, mask = task.sample(16, torch.Generator().manual_seed(0))
@@ -51,7 +52,6 @@ __all__ = [
 DATA_FILE = Path(__file__).parent / "data" / "omniglot" / "omniglot20.safetensors.gz"
 SIZE = 20  # images are SIZE x SIZE
 PIXELS = SIZE * SIZE  # 400 image values at the start of every input step
-SOURCE_SIZE = 105  # Omniglot PNGs are 105 x 105
 DRAWINGS = 20  # drawings of every character (by 20 different people)
 ROTATIONS = 4  # training classes: each character at 0, 90, 180 and 270 degrees
 # Embedded data: these alphabets (63 characters) are the test split, the other 5 (179) train.
@@ -204,7 +204,8 @@ def _load(root: str | None) -> OmniglotCharacters:
 def load_characters(root: str | os.PathLike | None = None) -> OmniglotCharacters:
     """The embedded characters (``root=None``), or those of the full zips in folder ``root``.
 
-    Cached: each source is read once per process (the full zips take a few seconds).
+    Cached: each source is read once per process (the full zips take a few seconds), and every
+    caller gets the same tensors, so treat them as read-only.
     """
     return _load(None if root is None else os.path.abspath(os.fspath(root)))
 
@@ -255,10 +256,11 @@ class OmniglotTask(Task):
 
     Splits (`split_characters`) share no character. In training (``rotations``, ``jitter``:
     None means ``split == "train"``) a character rotated by 90, 180 or 270 degrees is a class of
-    its own (4 x 179 classes), and each image is jittered: rotated by a uniform angle in
-    ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift, max_shift]`` pixels
-    on each axis (bilinear, blank outside). The size knob of `with_size` is ``instances``.
-    Score with `accuracy_by_instance`; `instance_numbers` tells the k-th occurrence of a class.
+    its own (4 x 179 classes in the embedded data), and each image is jittered: rotated by a
+    uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
+    max_shift]`` pixels on each axis (bilinear, blank outside). The size knob of `with_size` is
+    ``instances``. Score with `accuracy_by_instance`; `instance_numbers` tells the k-th
+    occurrence of a class.
     """
 
     classes: int = 5
