@@ -1,0 +1,397 @@
+"""Tests of torch_ntm.omniglot: the shipped images, episode layout, splits, seeding, scoring.
+
+Episodes are checked against the shipped images themselves: with jitter off, every step's image is
+looked up among the drawings (and their quarter turns), so each test knows which character,
+drawing and rotation a step shows and can check the episode's structure step by step.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import re
+import zipfile
+from fnmatch import fnmatch
+from pathlib import Path
+
+import pytest
+import torch
+
+from torch_ntm import omniglot
+from torch_ntm.omniglot import (
+    DATA_FILE,
+    OmniglotTask,
+    accuracy_by_instance,
+    downscale,
+    instance_numbers,
+    load_characters,
+    read_zips,
+    save_characters,
+    split_characters,
+)
+from torch_ntm.tasks import TASKS
+
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "torch_ntm"
+
+
+def _gen(seed: int) -> torch.Generator:
+    return torch.Generator().manual_seed(seed)
+
+
+def _lookup(rotations: bool) -> dict[bytes, tuple[int, int, int]]:
+    """``{image bytes: (character, drawing, quarter turns)}`` over all shipped images."""
+    images = load_characters().images
+    table = {}
+    for r in range(4 if rotations else 1):
+        turned = images.rot90(r, dims=(-2, -1))
+        for k in range(images.shape[0]):
+            for d in range(images.shape[1]):
+                table.setdefault(turned[k, d].contiguous().numpy().tobytes(), (k, d, r))
+    return table
+
+
+def _identify(batch, table) -> list[list[tuple[int, int, int]]]:
+    """``[B][T]`` (character, drawing, turns) of each step of a jitter-free batch."""
+    pixels = (batch.inputs[..., : omniglot.PIXELS] * 255).round().to(torch.uint8)
+    T, B = pixels.shape[:2]
+    key = [[pixels[t, b].view(20, 20).numpy().tobytes() for t in range(T)] for b in range(B)]
+    return [[table[k] for k in row] for row in key]
+
+
+# ---------------------------------------------------------------------------------------------
+# Shipped data
+
+
+def test_embedded_data_shapes_dtype_range():
+    chars = load_characters()
+    assert chars.images.shape == (242, 20, 20, 20)
+    assert chars.images.dtype == torch.uint8
+    assert int(chars.images.min()) == 0 and int(chars.images.max()) == 255
+    assert len(chars.alphabets) == len(chars.names) == 242
+    assert len(set(zip(chars.alphabets, chars.names))) == 242  # Greek/Latin kept once
+    assert len(set(chars.alphabets)) == 8
+    # ink high: a few percent of the page is ink, and the border is mostly blank paper
+    ink = chars.images.float() / 255
+    assert 0.02 < float(ink.mean()) < 0.2
+    assert float(ink[..., 0, :].mean()) < float(ink.mean()) / 4
+    # every drawing has some ink (the thinnest, a Latin "i", peaks at 121 / 255), and the 20
+    # drawings of a character differ
+    assert bool((ink.flatten(2).amax(-1) > 0.4).all())
+    assert not torch.equal(chars.images[0, 0], chars.images[0, 1])
+
+
+def test_package_data_small_licensed_and_declared():
+    assert DATA_FILE.is_file() and DATA_FILE.stat().st_size < 3_000_000
+    folder = DATA_FILE.parent
+    assert "MIT" in (folder / "LICENSE").read_text()
+    readme = (folder / "README.md").read_text()
+    assert "prepare_omniglot.py" in readme and "omniglot" in readme.lower()
+    tomllib = pytest.importorskip("tomllib")  # Python 3.11+
+    pyproject = tomllib.loads((REPO / "pyproject.toml").read_text())
+    globs = pyproject["tool"]["setuptools"]["package-data"]["torch_ntm.data"]
+    data_root = SRC / "data"
+    for name in (DATA_FILE.name, "LICENSE", "README.md"):
+        relative = (folder / name).relative_to(data_root).as_posix()
+        assert any(fnmatch(relative, g) for g in globs), relative
+
+
+def test_no_module_reads_the_shared_folder():
+    pattern = re.compile(r"(^|[/\\'\"])shared[/\\]|[/\\]shared\b")
+    offenders = [
+        str(path.relative_to(REPO))
+        for path in SRC.rglob("*.py")
+        if pattern.search(path.read_text())
+    ]
+    assert offenders == []
+
+
+def test_downscale_is_exact_area_average():
+    # oracle: 7 -> 3 is not an integer ratio; blow each source pixel up to 3 x 3 (21 x 21), then
+    # each output pixel is the mean of a 7 x 7 block
+    ink = torch.rand(4, 7, 7, generator=_gen(0)) < 0.4
+    fine = ink.double().repeat_interleave(3, 1).repeat_interleave(3, 2)  # (4, 21, 21)
+    expected = fine.view(4, 3, 7, 3, 7).mean((2, 4))
+    got = downscale(ink, 3)
+    assert got.dtype == torch.uint8
+    assert torch.equal(got, (expected * 255).round().to(torch.uint8))
+    full = torch.full((1, 20, 20), 255, dtype=torch.uint8)
+    assert torch.equal(downscale(torch.ones(1, 105, 105)), full)
+
+
+# ---------------------------------------------------------------------------------------------
+# Episodes
+
+
+def test_layout_sizes_and_mask():
+    task = OmniglotTask(classes=3, instances=4)
+    batch = task.sample(5, _gen(1))
+    assert task.input_size == 403 and task.output_size == 3
+    assert batch.inputs.shape == (12, 5, 403) and batch.targets.shape == (12, 5, 3)
+    assert batch.mask.shape == (12, 5) and batch.mask.dtype == torch.bool and bool(batch.mask.all())
+    assert batch.inputs.dtype == torch.float32
+    assert float(batch.inputs[..., :400].min()) >= 0 and float(batch.inputs[..., :400].max()) <= 1
+    default = OmniglotTask().sample(2, _gen(0))
+    assert default.inputs.shape == (50, 2, 405)
+
+
+@pytest.mark.parametrize("labels", ["one_hot", "string"])
+def test_label_input_is_previous_target(labels):
+    batch = OmniglotTask(classes=4, instances=3, labels=labels).sample(6, _gen(2))
+    label_in = batch.inputs[..., 400:]
+    assert bool((label_in[0] == 0).all())
+    assert torch.equal(label_in[1:], batch.targets[:-1])
+
+
+def test_episode_has_n_instances_of_c_classes_each_one_character():
+    task = OmniglotTask(classes=3, instances=4, split="test")
+    batch = task.sample(7, _gen(3))
+    seen = _identify(batch, _lookup(rotations=False))
+    label = batch.targets.argmax(-1)  # (T, B)
+    assert bool((batch.targets.sum(-1) == 1).all())
+    for b in range(7):
+        counts = torch.bincount(label[:, b], minlength=3)
+        assert counts.tolist() == [4, 4, 4]
+        chars = {}
+        for t in range(12):
+            character, drawing, turns = seen[b][t]
+            assert turns == 0
+            chars.setdefault(int(label[t, b]), []).append((character, drawing))
+        # one character per label, 4 distinct drawings of it, 3 distinct characters
+        assert all(len({c for c, _ in v}) == 1 for v in chars.values())
+        assert all(len({d for _, d in v}) == 4 for v in chars.values())
+        assert len({v[0][0] for v in chars.values()}) == 3
+
+
+def test_labels_are_drawn_afresh_per_episode():
+    # the test split has 63 characters; 64 episodes of 5 show many characters several times
+    batch = OmniglotTask(split="test").sample(64, _gen(4))
+    seen = _identify(batch, _lookup(rotations=False))
+    label = batch.targets.argmax(-1)
+    labels_of = {}
+    order_labels = set()
+    for b in range(64):
+        mapping = {seen[b][t][0]: int(label[t, b]) for t in range(50)}
+        assert sorted(mapping.values()) == [0, 1, 2, 3, 4]  # a bijection
+        for character, y in mapping.items():
+            labels_of.setdefault(character, set()).add(y)
+        order_labels.add(tuple(mapping[c] for c in sorted(mapping)))
+    assert max(len(v) for v in labels_of.values()) > 1
+    assert len(order_labels) > 10  # not tied to the characters' order
+
+
+def test_splits_disjoint_including_rotations():
+    chars = load_characters()
+    train, test = split_characters("train"), split_characters("test")
+    assert len(train) == 179 and len(test) == 63
+    assert sorted(train.tolist() + test.tolist()) == list(range(242))
+    assert set(chars.alphabets[i] for i in test) == set(omniglot.TEST_ALPHABETS)
+    assert not set(chars.alphabets[i] for i in train) & set(omniglot.TEST_ALPHABETS)
+    # no test drawing equals any train drawing in any rotation
+    train_bytes = {
+        chars.images[i].rot90(r, dims=(-2, -1))[d].contiguous().numpy().tobytes()
+        for i in train.tolist()
+        for r in range(4)
+        for d in range(20)
+    }
+    test_bytes = {chars.images[i, d].numpy().tobytes() for i in test.tolist() for d in range(20)}
+    assert not train_bytes & test_bytes
+
+
+def test_train_episodes_use_rotated_train_characters_only():
+    table = _lookup(rotations=True)
+    train = set(split_characters("train").tolist())
+    batch = OmniglotTask(classes=5, jitter=False).sample(16, _gen(5))
+    seen = _identify(batch, table)
+    label = batch.targets.argmax(-1)
+    turns = set()
+    for b in range(16):
+        classes = {}
+        for t in range(50):
+            character, _, r = seen[b][t]
+            assert character in train
+            classes.setdefault(int(label[t, b]), set()).add((character, r))
+            turns.add(r)
+        assert all(len(v) == 1 for v in classes.values())  # one rotation of one character
+    assert turns == {0, 1, 2, 3}
+    test_batch = OmniglotTask(split="test").sample(8, _gen(6))
+    test = set(split_characters("test").tolist())
+    assert all(c in test and r == 0 for row in _identify(test_batch, table) for c, _, r in row)
+
+
+def test_jitter_moves_pixels_and_zero_jitter_is_identity():
+    plain = OmniglotTask(jitter=False).sample(4, _gen(7))
+    jittered = OmniglotTask().sample(4, _gen(7))
+    assert not torch.equal(plain.inputs, jittered.inputs)
+    assert torch.equal(plain.targets, jittered.targets)
+    x = jittered.inputs[..., :400]
+    assert float(x.min()) >= 0 and float(x.max()) <= 1
+    images = torch.rand(6, 20, 20, generator=_gen(8))
+    same = omniglot._jitter(images, 0.0, 0.0, _gen(9))
+    torch.testing.assert_close(same, images, atol=1e-5, rtol=0)
+
+
+def test_affine_turns_and_shifts_by_whole_pixels():
+    x = torch.rand(2, 20, 20, generator=_gen(13))
+    zero = torch.zeros(2)
+    quarter = omniglot._affine(x, zero + math.pi / 2, torch.zeros(2, 2))
+    torch.testing.assert_close(quarter, x.rot90(1, dims=(-2, -1)), atol=1e-5, rtol=0)
+    right = omniglot._affine(x, zero, torch.tensor([[1.0, 0.0], [1.0, 0.0]]))
+    torch.testing.assert_close(right[..., 1:], x[..., :-1], atol=1e-5, rtol=0)
+    assert float(right[..., 0].abs().max()) < 1e-6  # blank paper comes in
+    down = omniglot._affine(x, zero, torch.tensor([[0.0, 2.0], [0.0, 2.0]]))
+    torch.testing.assert_close(down[:, 2:], x[:, :-2], atol=1e-5, rtol=0)
+
+
+def test_same_seed_same_batch_and_batch_first():
+    task = OmniglotTask(classes=4, instances=5)
+    a, b = task.sample(3, _gen(10)), task.sample(3, _gen(10))
+    for x, y in zip(a, b):
+        assert torch.equal(x, y)
+    c = task.sample(3, _gen(11))
+    assert not torch.equal(a.inputs, c.inputs)
+    first = task.sample(3, _gen(10), batch_first=True)
+    for x, y in zip(a, first):
+        assert torch.equal(x.transpose(0, 1), y)
+
+
+def test_string_labels():
+    task = OmniglotTask(classes=15, labels="string", split="test")
+    assert task.input_size == 425 and task.output_size == 25
+    batch = task.sample(4, _gen(12))
+    y = batch.targets.view(150, 4, 5, 5)
+    assert bool((y.sum(-1) == 1).all())  # each of 5 characters one-hot over 5 symbols
+    for b in range(4):
+        strings = {tuple(y[t, b].argmax(-1).tolist()) for t in range(150)}
+        assert len(strings) == 15
+    assert instance_numbers(batch.targets).max() == 10
+
+
+def test_bad_parameters():
+    with pytest.raises(ValueError, match="63 classes"):
+        OmniglotTask(classes=64, split="test")
+    OmniglotTask(classes=179, split="train", rotations=False)
+    with pytest.raises(ValueError, match="179 classes"):
+        OmniglotTask(classes=180, split="train", rotations=False)
+    with pytest.raises(ValueError, match="instances"):
+        OmniglotTask(instances=21)
+    with pytest.raises(ValueError, match="classes"):
+        OmniglotTask(classes=0)
+    with pytest.raises(ValueError, match="split"):
+        OmniglotTask(split="valid")
+    with pytest.raises(ValueError, match="labels"):
+        OmniglotTask(labels="onehot")
+    with pytest.raises(ValueError, match="rotations"):
+        OmniglotTask(rotations="yes")
+    with pytest.raises(ValueError, match="max_shift"):
+        OmniglotTask(max_shift=-1.0)
+    with pytest.raises(ValueError, match="images_background.zip"):
+        OmniglotTask(root="/nonexistent/omniglot")
+    with pytest.raises(ValueError, match="split"):
+        split_characters("all")
+
+
+def test_task_interface_and_not_registered():
+    task = OmniglotTask()
+    assert task.train_size == 10 and task.with_size(15).instances == 15
+    assert task.num_classes == 179 * 4
+    assert OmniglotTask(split="test").num_classes == 63
+    assert "omniglot" not in TASKS
+
+
+# ---------------------------------------------------------------------------------------------
+# Reading zips (the preprocessing of scripts/prepare_omniglot.py and of root=)
+
+
+def _png(square: int) -> bytes:
+    """A 105 x 105 Omniglot-like PNG: white paper with a black square of side ``square``."""
+    image_mod = pytest.importorskip("PIL.Image")
+    image = image_mod.new("1", (105, 105), 1)
+    for x in range(square):
+        for y in range(square):
+            image.putpixel((x, y), 0)
+    out = io.BytesIO()
+    image.save(out, format="PNG")
+    return out.getvalue()
+
+
+def _zip(path: Path, top: str, characters: dict[tuple[str, str], int]) -> None:
+    with zipfile.ZipFile(path, "w") as archive:
+        for (alphabet, name), square in characters.items():
+            for d in range(1, 21):
+                archive.writestr(f"{top}/{alphabet}/{name}/0001_{d:02d}.png", _png(square))
+
+
+def test_read_zips_order_dedupe_and_round_trip(tmp_path):
+    _zip(tmp_path / "a.zip", "a", {("Beta", "character01"): 21, ("Alpha", "character02"): 0})
+    _zip(tmp_path / "b.zip", "b", {("Beta", "character01"): 21, ("Gamma", "character01"): 105})
+    chars = read_zips([tmp_path / "a.zip", tmp_path / "b.zip"])
+    assert chars.alphabets == ("Alpha", "Beta", "Gamma") and chars.images.shape == (3, 20, 20, 20)
+    assert int(chars.images[0].max()) == 0  # blank paper
+    assert bool((chars.images[2] == 255).all())  # all ink
+    beta = chars.images[1, 0].float() / 255  # a 21 x 21 square is 4 x 4 output pixels (5.25)
+    assert bool((beta[:4, :4] == 1).all()) and float(beta[4:].sum() + beta[:, 4:].sum()) == 0
+    save_characters(chars, tmp_path / "x.safetensors.gz")
+    back = omniglot._read_characters(tmp_path / "x.safetensors.gz")
+    assert torch.equal(back.images, chars.images) and back.names == chars.names
+    assert back.alphabets == chars.alphabets
+
+    _zip(tmp_path / "c.zip", "c", {("Beta", "character01"): 10})
+    with pytest.raises(ValueError, match="differs"):
+        read_zips([tmp_path / "a.zip", tmp_path / "c.zip"])
+
+
+def test_root_reads_full_zips(tmp_path):
+    _zip(tmp_path / "images_background.zip", "images_background", {("A", "character01"): 30})
+    _zip(tmp_path / "images_evaluation.zip", "images_evaluation", {("B", "character01"): 40})
+    chars = load_characters(tmp_path)
+    assert chars.alphabets == ("A", "B")
+    # fewer than 1,200 characters: all are training characters
+    assert split_characters("train", tmp_path).tolist() == [0, 1]
+    assert split_characters("test", tmp_path).tolist() == []
+    batch = OmniglotTask(classes=2, instances=3, root=str(tmp_path)).sample(2, _gen(0))
+    assert batch.inputs.shape == (6, 2, 402)
+    with pytest.raises(ValueError, match="0 classes"):
+        OmniglotTask(classes=1, split="test", root=str(tmp_path))
+
+
+# ---------------------------------------------------------------------------------------------
+# Scoring
+
+
+def _one_hot(labels: list[list[int]], width: int) -> torch.Tensor:
+    """``[T, B, width]`` from per-sequence label lists ``[B][T]``."""
+    return torch.nn.functional.one_hot(torch.tensor(labels).T, width).float()
+
+
+def test_instance_numbers_by_hand():
+    targets = _one_hot([[0, 1, 0, 0, 1], [2, 2, 1, 2, 1]], 3)  # (5, 2, 3)
+    expected = torch.tensor([[1, 1, 2, 3, 2], [1, 2, 1, 3, 2]]).T
+    assert torch.equal(instance_numbers(targets), expected)
+    assert torch.equal(instance_numbers(targets.transpose(0, 1), batch_first=True), expected.T)
+
+
+def test_accuracy_by_instance_by_hand():
+    targets = _one_hot([[0, 1, 0, 0, 1], [2, 2, 1, 2, 1]], 3)
+    # predictions: seq 0 [0, 2, 0, 1, 1] (right, wrong, right, wrong, right)
+    #              seq 1 [1, 2, 1, 2, 0] (wrong, right, right, right, wrong)
+    logits = _one_hot([[0, 2, 0, 1, 1], [1, 2, 1, 2, 0]], 3) * 3 - 1
+    # instance 1: steps (0,0) r, (1,0) w, (0,1) w, (2,1) r -> 2/4
+    # instance 2: (2,0) r, (4,0) r, (1,1) r, (4,1) w -> 3/4; instance 3: (3,0) w, (3,1) r -> 1/2
+    got = accuracy_by_instance(logits, targets, instances=(1, 2, 3, 4))
+    assert got[1] == 0.5 and got[2] == 0.75 and got[3] == 0.5 and math.isnan(got[4])
+    first = accuracy_by_instance(logits.transpose(0, 1), targets.transpose(0, 1), (1,), True)
+    assert first == {1: 0.5}
+
+
+def test_accuracy_by_instance_string_labels_need_every_character():
+    # labels of 2 characters over 3 symbols (6 units): step right only if both characters are
+    def label(a, b):
+        return [float(i == a) for i in range(3)] + [float(i == b) for i in range(3)]
+
+    targets = torch.tensor([[label(0, 1)], [label(0, 1)], [label(2, 2)]])  # (3, 1, 6)
+    logits = torch.tensor([[label(0, 1)], [label(0, 2)], [label(2, 2)]])
+    got = accuracy_by_instance(logits, targets, instances=(1, 2))
+    assert got == {1: 1.0, 2: 0.0}
+    with pytest.raises(ValueError, match="same shape"):
+        accuracy_by_instance(logits[:2], targets)
