@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_ntm import functional as ntmf
-from torch_ntm.model import MEMORY_INIT_CONSTANT, LSTMController
+from torch_ntm.model import MEMORY_INIT_CONSTANT, LSTMController, _positive_int
 
 __all__ = ["MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
 
@@ -95,12 +95,6 @@ class MANNOptions:
                 f"memory_size must be >= read_heads, got memory_size={self.memory_size}"
             )
         return dataclasses.replace(self, usage_decay=float(decay))
-
-
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
 
 
 class HeadParameters(NamedTuple):
