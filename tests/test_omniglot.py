@@ -291,12 +291,14 @@ def test_bad_parameters():
         split_characters("all")
 
 
-def test_task_interface_and_not_registered():
+def test_task_interface_and_registered():
     task = OmniglotTask()
     assert task.train_size == 10 and task.with_size(15).instances == 15
     assert task.num_classes == 179 * 4
     assert OmniglotTask(split="test").num_classes == 63
-    assert "omniglot" not in TASKS
+    assert TASKS["omniglot"] is OmniglotTask and OmniglotTask.loss == "cross_entropy"
+    assert task.held_out() == OmniglotTask(split="test")
+    assert (task.label_groups, OmniglotTask(labels="string").label_groups) == (1, 5)
 
 
 # ---------------------------------------------------------------------------------------------

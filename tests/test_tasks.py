@@ -288,7 +288,8 @@ def test_no_reference_cost(name):
 
 
 def test_registry():
-    assert list(TASKS) == ["copy", "repeat_copy", "associative_recall", "ngrams", "priority_sort"]
+    assert list(TASKS) == ["copy", "repeat_copy", "associative_recall", "ngrams", "priority_sort",
+                          "omniglot"]
     assert make_task("copy", max_length=7) == CopyTask(max_length=7)
     for name, cls in TASKS.items():
         assert make_task(name) == cls()

@@ -38,9 +38,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
                    help=f"one of: {', '.join(sorted(TASKS))}")
     p.add_argument("--preset", default=None,
-                   help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="override a config key (repeatable); task.KEY for task parameters")
+                   help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm; omniglot: mann "
+                   "(default), mann-ntm, lstm")
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
+                   help="override config keys (repeatable, or several after one --set); task.KEY "
+                   "for task parameters")
     p.add_argument("--out", default=None,
                    help="run directory (default runs/TASK); must be new or empty")
     p.add_argument("--overwrite", action="store_true",
@@ -51,7 +54,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--no-plots", action="store_true", help="skip figures after training")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
 
-    p = sub.add_parser("evaluate", help="evaluate a run or checkpoint at several sizes")
+    p = sub.add_parser("evaluate", help="evaluate a run or checkpoint at several sizes "
+                       "(omniglot: accuracy by instance on held-out episodes)")
     p.add_argument("checkpoint", type=Path, nargs="?", metavar="RUN_OR_CHECKPOINT")
     p.add_argument("--pretrained", default=None, metavar="NAME",
                    help="a shipped model instead of a run (see: ntm pretrained list)")
@@ -60,10 +64,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--memory-size", type=int, default=None, metavar="N",
                    help="rebuild the NTM with N memory rows (weights unchanged); default: "
                    "the run's eval_memory_size, else its memory_size")
-    p.add_argument("--sequences", type=int, default=100, help="sequences per size")
-    p.add_argument("--task-set", dest="task_overrides", action="append", default=[],
-                   metavar="KEY=VALUE", help="change a task parameter for the evaluation, e.g. "
-                   "--task-set min_repeats=20 --task-set max_repeats=20 (repeatable)")
+    p.add_argument("--sequences", type=int, default=None,
+                   help="sequences per size (100); omniglot: held-out episodes (1000)")
+    p.add_argument("--task-set", dest="task_overrides", action="extend", nargs="+",
+                   default=[], metavar="KEY=VALUE",
+                   help="change task parameters for the evaluation, e.g. --task-set "
+                   "min_repeats=20 max_repeats=20 (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("plot", help="write figures of a run or checkpoint")
@@ -98,7 +104,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, metavar="J",
                    help="trainings at once (2; with --ray, as many as the cluster has CPUs)")
     p.add_argument("--preset", default=None, help="as for train (default ntm-lstm)")
-    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
+                   metavar="KEY=VALUE",
                    help="override a config key (repeatable), as for train")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="train every seed with each value of a config key (repeatable: every "
@@ -227,15 +234,38 @@ _RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_b
 
 def _print_generalisation(run_dir: Path) -> None:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.evaluate import evaluate_sizes, format_table
+    from torch_ntm.evaluate import evaluate_episodes, evaluate_sizes, format_table
 
     ckpt = load_checkpoint(run_dir)
     task = ckpt.task()
+    if task.loss != "bce":  # a label task: no sizes to generalise to, accuracy by instance
+        row = evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task, EPISODES)
+        print(f"{row['sequences']} held-out episodes ({getattr(task.held_out(), 'split', '')} "
+              f"split):")
+        print(_format_episodes(row))
+        return
     rows = evaluate_sizes(ckpt.model(**ckpt.config.eval_overrides()), task, task.eval_sizes)
     rows_of = ckpt.config.eval_memory_size or ckpt.config.memory_size
     print(f"generalisation ({task.size_name}, trained up to {task.train_size}; memory "
           f"{rows_of} rows):")
     print(format_table(rows))
+
+
+# Held-out episodes of a label task that `ntm evaluate` and the end of `ntm train` score, and the
+# instances (k-th occurrence of a class) they print: Santoro et al.'s table 1.
+EPISODES = 1000
+PRINTED_INSTANCES = (1, 2, 3, 4, 5, 10)
+
+
+def _format_episodes(row: dict) -> str:
+    """Accuracy by instance (the paper's instances), then the cost and wrong labels."""
+    from torch_ntm.evaluate import format_table
+
+    accuracy = row["accuracy_by_instance"]
+    table = [{"instance": k, "accuracy": accuracy[k]} for k in PRINTED_INSTANCES if k in accuracy]
+    return (format_table(table) + f"\ncost {row['cost_bits']:.4g} bits per episode, "
+            f"{row['bit_errors']:.4g} wrong labels per episode, {row['perfect']:.4g} of episodes "
+            f"without one")
 
 
 def _checkpoint_arg(args) -> Path:
@@ -257,7 +287,7 @@ def _cmd_evaluate(args) -> int:
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
 
-    if args.sequences < 1:
+    if args.sequences is not None and args.sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")
     ckpt = load_checkpoint(_checkpoint_arg(args))
     overrides = (ckpt.config.eval_overrides() if args.memory_size is None
@@ -271,14 +301,37 @@ def _cmd_evaluate(args) -> int:
             raise ConfigError("--task-set: the change alters the task's input or output width, "
                               "which the trained model cannot take")
         task = changed
+    if task.loss != "bce":
+        return _evaluate_episodes(args, model, task)
     sizes = args.lengths or list(task.eval_sizes)
     for size in sizes:
         _check_size(task, size, "--lengths")
-    rows = evaluate_sizes(model, task, sizes, num_sequences=args.sequences)
+    rows = evaluate_sizes(model, task, sizes, num_sequences=args.sequences or 100)
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
         print(format_table(rows))
+    return 0
+
+
+def _evaluate_episodes(args, model, task) -> int:
+    """`ntm evaluate` of a label task (Omniglot): accuracy by instance on held-out episodes."""
+    from torch_ntm.config import ConfigError
+    from torch_ntm.evaluate import evaluate_episodes
+
+    if args.lengths is not None:
+        raise ConfigError(f"--lengths does not apply to {task.name}: it is scored by accuracy at "
+                          f"each instance of a class; change the episodes with --task-set "
+                          f"instances=N")
+    row = evaluate_episodes(model, task, args.sequences or EPISODES)
+    split = getattr(task.held_out(), "split", "held-out")
+    if args.json:
+        accuracy = {str(k): v for k, v in row.pop("accuracy_by_instance").items()}
+        print(json.dumps({"task": task.name, "split": split, "accuracy_by_instance": accuracy,
+                          **row}, indent=2))
+    else:
+        print(f"{row['sequences']} held-out episodes ({split} split):")
+        print(_format_episodes(row))
     return 0
 
 

@@ -14,13 +14,18 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from torch_ntm.mann import MANNOptions
 from torch_ntm.model import ENGINES, NTMOptions
 from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
-    "resolve_device", "check_memory_size",
+    "resolve_device", "check_memory_size", "default_preset", "MODELS",
 ]
+
+# The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
+# (LRUA memory, Santoro et al. 2016).
+MODELS = ("ntm", "lstm", "mann")
 
 
 class ConfigError(ValueError):
@@ -33,7 +38,9 @@ class TrainConfig(NTMOptions):
 
     The model fields are those of `NTMOptions` (the `NTM` constructor arguments); ``model="lstm"``
     trains the LSTM baseline of the paper instead (``controller_size`` units x
-    ``controller_layers`` layers).
+    ``controller_layers`` layers), and ``model="mann"`` a `torch_ntm.mann.MANN` with
+    ``controller_size``, ``memory_size``, ``memory_width``, ``read_heads`` (one write head each)
+    and the MANN-only keys below (`MANNOptions`).
     """
 
     task: str = "copy"  # a name in `torch_ntm.tasks.TASKS`
@@ -43,10 +50,16 @@ class TrainConfig(NTMOptions):
     preset: str = "ntm-lstm"
     # Model: the fields of `NTMOptions`, and these. The soft caps of beta and gamma are 0 for
     # None (unbounded: the paper's softplus and 1 + softplus), as config.json has always held them.
-    model: str = "ntm"  # "ntm" or "lstm" (baseline)
+    model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline) or "mann"
     max_beta: float = 0.0
     max_gamma: float = 0.0
-    engine: str = "compiled"  # NTM.forward's engine: "compiled", "fast" or "eager" (same function)
+    # NTM.forward's engine: "compiled", "fast" or "eager" (same function). The MANN has only its
+    # eager loop, so a "mann" config must say "eager"; the LSTM baseline ignores it.
+    engine: str = "compiled"
+    # MANN only (the fields of `MANNOptions` that `NTMOptions` lacks; see `torch_ntm.mann.MANN`).
+    usage_decay: float = MANNOptions.usage_decay
+    write_vector: str = MANNOptions.write_vector
+    learned_beta: bool = MANNOptions.learned_beta
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
     lr: float = 1e-4
@@ -104,6 +117,11 @@ class TrainConfig(NTMOptions):
         return NTMOptions(**{**values, "max_beta": self.max_beta or None,
                              "max_gamma": self.max_gamma or None})
 
+    def mann_options(self) -> MANNOptions:
+        """The MANN this config describes (with ``model="mann"``)."""
+        names = [f.name for f in dataclasses.fields(MANNOptions)]
+        return MANNOptions(**{name: getattr(self, name) for name in names})
+
     def to_dict(self) -> dict:
         """The config as config.json holds it: flat, but for ``task_params``, the task's
         parameters that differ from their defaults."""
@@ -115,7 +133,7 @@ class TrainConfig(NTMOptions):
 
     def eval_overrides(self) -> dict:
         """What `build_model` changes for generalisation: the rows of ``eval_memory_size``."""
-        wider = self.eval_memory_size and self.model == "ntm"  # the LSTM baseline has no memory
+        wider = self.eval_memory_size and self.model != "lstm"  # the LSTM baseline has no memory
         return {"memory_size": self.eval_memory_size} if wider else {}
 
     def to_json(self) -> str:
@@ -155,8 +173,22 @@ class TrainConfig(NTMOptions):
         self.check_choices(source)
         try:
             self.model_options().checked()
+            if self.model == "mann":
+                self.mann_options().checked()
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
+        if self.model == "mann" and self.engine != "eager":
+            raise ConfigError(f"{source}: engine={self.engine!r} does not apply to model='mann', "
+                              f"which has only its eager loop; set engine=eager")
+        try:
+            held_out = self.task_params.held_out()
+        except ValueError as e:
+            raise ConfigError(f"{source}: the task's held-out data (validation, evaluation) "
+                              f"cannot be drawn: {e}") from None
+        if (held_out.input_size, held_out.output_size) != (self.task_params.input_size,
+                                                           self.task_params.output_size):
+            raise ConfigError(f"{source}: the task's held-out data has other input or output "
+                              f"widths than its training data")
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
@@ -243,7 +275,7 @@ def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
 
 
 # The keys with a fixed set of values but the model's (`NTMOptions.checked` checks those).
-_CHOICES = {"model": ("ntm", "lstm"), "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
+_CHOICES = {"model": MODELS, "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
 
 
 # Presets from the paper's tables 1-3 (architecture, heads, memory and learning rate). "#heads"
@@ -263,6 +295,18 @@ _LSTM = {"model": "lstm", "controller_layers": 3}
 # (2/100 wrong at L = 20, 0.5 wrong bits per sequence at the end of the sweep). On associative
 # recall a decay stalled at ~0.1 wrong bits per sequence for 100,000 sequences.
 _STABLE = {"lr_decay_bit_errors": 0.0, "lr_decay": 0.3, "rollback_bit_errors": 1.0}
+
+# Omniglot (Santoro et al. 2016, section 4.1). The architecture is the paper's: an LSTM of 200
+# units, memory 128 x 40, 4 read heads. The paper does not state its optimiser in the text we
+# could check; the settings are those of the reference re-implementation snowkylin/ntm
+# (one_shot_learning.py and model.py: Adam at 1e-3, batches of 16 episodes, 100,000 batches,
+# the per-episode cross-entropy summed over steps, no clipping). The norm clip at 10 is ours, a
+# guard against rare spikes (as on the bit tasks), not the reference's. There is no solved
+# state to stop at: train a budget of episodes and keep the weights of the best validation
+# (fewest wrong labels per episode on the test split, then cost).
+_OMNIGLOT = {"optimizer": "adam", "lr": 1e-3, "batch_size": 16, "clip_value": 0.0,
+             "clip_norm": 10.0, "max_sequences": 1_600_000, "eval_every": 500,
+             "eval_sequences": 1000, "log_every": 50}
 
 PRESETS: dict[str, dict[str, dict]] = {
     "copy": {
@@ -328,7 +372,24 @@ PRESETS: dict[str, dict[str, dict]] = {
         "lstm": {**_LSTM, "controller_size": 128, "lr": 3e-3, "optimizer": "adam",
                  "batch_size": 16, "clip_norm": 10.0, "clip_value": 0.0, "eval_every": 200},
     },
+    "omniglot": {
+        # LRUA, the paper's MANN (model sizes also MANNOptions' defaults); eager: MANN's only loop.
+        "mann": {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
+                 "memory_width": 40, "read_heads": 4, "engine": "eager"},
+        # An NTM with the NTM's addressing at comparable sizes (the paper's NTM comparison).
+        "mann-ntm": {**_OMNIGLOT, "model": "ntm", "controller_size": 200, "memory_size": 128,
+                     "memory_width": 40, "read_heads": 4, "write_heads": 1},
+        # The paper's LSTM baseline: one layer of 200 units.
+        "lstm": {**_OMNIGLOT, "model": "lstm", "controller_size": 200, "controller_layers": 1},
+    },
 }
+# The preset `resolve_config` picks when none is named.
+_DEFAULT_PRESETS = {"omniglot": "mann"}
+
+
+def default_preset(task: str) -> str:
+    """The preset of ``task`` that ``ntm train TASK`` uses without ``--preset``."""
+    return _DEFAULT_PRESETS.get(task, "ntm-lstm")
 
 
 def _check_type(name: str, value, expected, source: str) -> None:
@@ -466,7 +527,7 @@ def resolve_config(task: str, preset: str | None = None, overrides: list[str] = 
     if task not in TASKS:
         raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
     presets = PRESETS[task]
-    preset = "ntm-lstm" if preset is None else preset
+    preset = default_preset(task) if preset is None else preset
     if preset not in presets:
         raise ConfigError(
             f"unknown preset {preset!r} for task {task!r}; valid presets: {', '.join(presets)}"

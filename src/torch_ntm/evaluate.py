@@ -1,38 +1,58 @@
-"""Evaluation: the paper's metrics on fixed, seeded sets of sequences, at any task size."""
+"""Evaluation: the paper's metrics on fixed, seeded sets of sequences, at any task size; for
+label tasks (Omniglot), accuracy by instance on held-out episodes (`evaluate_episodes`)."""
 
 from __future__ import annotations
+
+import math
 
 import torch
 from torch import nn
 
-from torch_ntm.metrics import bit_errors, cost_bits
+from torch_ntm.metrics import objective
 
-__all__ = ["evaluate_batches", "evaluate_sizes", "format_table"]
+__all__ = ["evaluate_batches", "evaluate_sizes", "evaluate_episodes", "format_table",
+           "task_objective"]
 
 EVAL_SEED = 2014  # evaluation sets are drawn from their own generator, never the training one
+
+
+def task_objective(task):
+    """`torch_ntm.metrics.objective` for ``task`` (None: the bit tasks' BCE)."""
+    if task is None:
+        return objective()
+    return objective(task.loss, task.label_groups)
 
 
 @torch.no_grad()
 def evaluate_batches(model: nn.Module, batches) -> dict:
     """Mean cost (bits/sequence), bit errors/sequence and fraction of perfect sequences.
 
+    For a label task (``task.loss == "cross_entropy"``) the same keys hold its scores: the
+    cross-entropy in bits per sequence, wrong labels per sequence and the fraction of sequences
+    without one; the task's `extra_scores` (Omniglot: ``accuracy_k``) are added, averaged over
+    the sequences.
+
     Args:
         model: maps time-major inputs ``[T, B, I]`` to ``(logits [T, B, O], state)``.
-        batches: iterable of `torch_ntm.tasks.Batch` (time-major), with an optional ``task`` to
-            report the task's reference cost beside the model's.
+        batches: iterable of `torch_ntm.tasks.Batch` (time-major), with an optional ``task`` that
+            says how to score it and gives its reference cost beside the model's.
     """
     was_training = model.training
     model.eval()
-    costs, errors, refs = [], [], []
+    costs, errors, refs, extras = [], [], [], {}
     device = next(model.parameters()).device
     for batch, task in batches:
         inputs, targets, mask = (t.to(device) for t in batch)
         logits, _ = model(inputs)
-        costs.append(cost_bits(logits, targets, mask).cpu())
-        errors.append(bit_errors(logits, targets, mask).cpu())
+        score = task_objective(task)
+        costs.append(score.loss(logits, targets, mask).cpu() / math.log(2))
+        errors.append(score.errors(logits, targets, mask).cpu())
         ref = task.reference_cost(batch) if task is not None else None
         if ref is not None:
             refs.append(ref.cpu())
+        if task is not None:
+            for key, value in task.extra_scores(logits, targets, mask).items():
+                extras.setdefault(key, []).append((value, targets.shape[1]))
     model.train(was_training)
     cost, err = torch.cat(costs), torch.cat(errors)
     out = {
@@ -43,6 +63,8 @@ def evaluate_batches(model: nn.Module, batches) -> dict:
     }
     if refs:
         out["reference_cost_bits"] = float(torch.cat(refs).mean())
+    for key, parts in extras.items():  # weighted by the sequences of each batch
+        out[key] = sum(v * n for v, n in parts) / sum(n for _, n in parts)
     return out
 
 
@@ -66,6 +88,18 @@ def evaluate_sizes(model: nn.Module, task, sizes, num_sequences: int = 100,
         row = evaluate_batches(model, fixed_batches(sized, num_sequences, batch_size, seed))
         rows.append({task.size_name: int(size), **row})
     return rows
+
+
+def evaluate_episodes(model: nn.Module, task, num_sequences: int = 1000,
+                      batch_size: int = 100, seed: int = EVAL_SEED) -> dict:
+    """A label task's scores on ``num_sequences`` held-out episodes (`Task.held_out`: Omniglot's
+    test split) drawn from ``seed``: `evaluate_batches`' keys, and ``accuracy_by_instance``,
+    ``{k: accuracy at the k-th instance of a class}`` for k = 1 .. instances."""
+    held_out = task.held_out()
+    row = evaluate_batches(model, fixed_batches(held_out, num_sequences, batch_size, seed))
+    names = held_out.extra_metrics
+    accuracy = {int(name.rpartition("_")[2]): row.pop(name) for name in names}
+    return {**row, "accuracy_by_instance": accuracy}
 
 
 def format_table(rows: list[dict]) -> str:

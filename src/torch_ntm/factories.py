@@ -1,4 +1,5 @@
-"""What a `TrainConfig` builds: its task and its model (an `NTM` or the LSTM baseline)."""
+"""What a `TrainConfig` builds: its task and its model (an `NTM`, the LSTM baseline or a
+`MANN`)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import dataclasses
 from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
-from torch_ntm.config import ConfigError, TrainConfig, check_memory_size
+from torch_ntm.config import MODELS, ConfigError, TrainConfig, check_memory_size
+from torch_ntm.mann import MANN
 from torch_ntm.model import NTM
 
 __all__ = ["build_task", "model_config", "build_model"]
@@ -32,8 +34,10 @@ def model_config(config: TrainConfig, task) -> dict:
     if config.model == "lstm":
         return {"kind": "lstm", **sizes, "hidden_size": config.controller_size,
                 "num_layers": config.controller_layers}
+    if config.model == "mann":
+        return {"kind": "mann", **sizes, **dataclasses.asdict(config.mann_options())}
     if config.model != "ntm":
-        raise ConfigError(f"model must be 'ntm' or 'lstm', got {config.model!r}")
+        raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {config.model!r}")
     return {"kind": "ntm", **sizes, **dataclasses.asdict(config.model_options())}
 
 
@@ -47,10 +51,12 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
             if unused:
                 raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
             return LSTMBaseline(**kwargs, device=device)
-        kwargs.setdefault("engine", config.engine)
         if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
             check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
                               source="the model")
+        if kind == "mann":  # one loop only: no engine to choose
+            return MANN(**kwargs, device=device)
+        kwargs.setdefault("engine", config.engine)
         return NTM(**kwargs, device=device)
     except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
         if isinstance(e, ConfigError):

@@ -35,7 +35,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.tasks import Batch, Task
+from torch_ntm.task_base import Batch, Task
 
 __all__ = [
     "OmniglotCharacters",
@@ -276,6 +276,7 @@ class OmniglotTask(Task):
     name: ClassVar[str] = "omniglot"
     size_name: ClassVar[str] = "instances"
     eval_sizes: ClassVar[tuple[int, ...]] = (10,)
+    loss: ClassVar[str] = "cross_entropy"  # a softmax per label (per character of a string)
 
     def __post_init__(self) -> None:
         self._check(classes=1, instances=1)
@@ -339,6 +340,30 @@ class OmniglotTask(Task):
 
     def with_size(self, size: int) -> OmniglotTask:
         return dataclasses.replace(self, instances=size)
+
+    @property
+    def label_groups(self) -> int:
+        """Softmax groups of a label: 1 (one-hot over C), or the 5 characters of a string."""
+        return STRING_LENGTH if self.labels == "string" else 1
+
+    def held_out(self) -> OmniglotTask:
+        """The test split (characters never trained on), without rotations or jitter unless
+        set explicitly.
+
+        Raises:
+            ValueError: ``classes`` is more than the test split has.
+        """
+        return dataclasses.replace(self, split="test")
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """``accuracy_1`` .. ``accuracy_n``: accuracy at the k-th instance of a class."""
+        return tuple(f"accuracy_{k}" for k in range(1, self.instances + 1))
+
+    def extra_scores(self, logits: Tensor, targets: Tensor, mask: Tensor) -> dict[str, float]:
+        """`accuracy_by_instance` for every instance 1..n, as ``accuracy_k``."""
+        accuracy = accuracy_by_instance(logits, targets, tuple(range(1, self.instances + 1)))
+        return {f"accuracy_{k}": value for k, value in accuracy.items()}
 
     def _label_vectors(self, batch_size: int, generator: torch.Generator | None) -> Tensor:
         """``[B, C, L]`` the label of each class of each episode, fresh per episode."""

@@ -6,7 +6,12 @@
 - ``attention.png``: write and read weightings over time (rows the heads visit);
 - ``memory.png``: the memory contents at several moments of that sequence;
 - ``learning_curve.png``: training and validation cost and bit errors against sequences seen;
-- ``generalisation.png``: bit errors and perfect sequences against task size.
+- ``generalisation.png``: bit errors and perfect sequences against task size;
+- for a label task (Omniglot) instead: ``accuracy.png``, accuracy against the instance of a
+  class (1st .. 10th) on held-out episodes (`torch_ntm.evaluate.evaluate_episodes`).
+
+Attention and memory figures are drawn for an `NTM`; ``io.png`` shows the output as the task
+scores it (a sigmoid per bit, or a softmax per label).
 """
 
 from __future__ import annotations
@@ -133,7 +138,11 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
     return _save(fig, path)
 
 
-def _curve_axes(curves, path: Path) -> Path:
+_BIT_LABELS = ("cost (bits per sequence)", "bit errors per sequence")
+_LABEL_LABELS = ("cross-entropy (bits per episode)", "wrong labels per episode")
+
+
+def _curve_axes(curves, path: Path, ylabels: tuple[str, str] = _BIT_LABELS) -> Path:
     """Cost and bit errors against sequences seen; ``curves``: ``(label, style, rows)``."""
     plt = _pyplot()
     fig, axes = plt.subplots(1, 2, figsize=(11, 4), layout="constrained")
@@ -142,7 +151,7 @@ def _curve_axes(curves, path: Path) -> Path:
         seqs = [int(r["sequences"]) for r in part]
         for ax, key in zip(axes, ("cost_bits", "bit_errors")):
             ax.plot(seqs, [float(r[key]) for r in part], style, label=label, markersize=3)
-    for ax, label in zip(axes, ("cost (bits per sequence)", "bit errors per sequence")):
+    for ax, label in zip(axes, ylabels):
         ax.set_xlabel("sequences seen")
         ax.set_ylabel(label)
         ax.set_yscale("symlog", linthresh=0.1)
@@ -151,13 +160,14 @@ def _curve_axes(curves, path: Path) -> Path:
     return _save(fig, path)
 
 
-def plot_learning_curve(metrics_csv: Path, path: Path) -> Path | None:
-    """Training and validation curves of one run."""
+def plot_learning_curve(metrics_csv: Path, path: Path, labels: bool = False) -> Path | None:
+    """Training and validation curves of one run (``labels``: of a label task)."""
     rows = read_metrics(metrics_csv)
     if not rows:
         return None
     return _curve_axes([(split, style, [r for r in rows if r["split"] == split])
-                        for split, style in (("train", "-"), ("val", "o-"))], path)
+                        for split, style in (("train", "-"), ("val", "o-"))], path,
+                       _LABEL_LABELS if labels else _BIT_LABELS)
 
 
 def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val") -> Path:
@@ -202,12 +212,34 @@ def plot_generalisation(rows: list[dict], size_name: str, train_size: int, path:
     return _save(fig, path)
 
 
+def plot_accuracy(accuracy: dict[int, float], episodes: int, path: Path) -> Path:
+    """Accuracy against the instance of a class (Santoro et al. 2016, figure 3)."""
+    plt = _pyplot()
+    fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
+    instances = sorted(accuracy)
+    ax.plot(instances, [accuracy[k] for k in instances], "o-")
+    ax.set_xticks(instances)
+    ax.set_ylim(-0.02, 1.02)
+    ax.set_xlabel("instance of the class in the episode")
+    ax.set_ylabel("accuracy")
+    ax.set_title(f"{episodes} held-out episodes", fontsize=10)
+    ax.grid(alpha=0.3)
+    return _save(fig, path)
+
+
 @torch.no_grad()
 def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
-             size: int | None = None, memory_size: int | None = None, seed: int = 0) -> list[Path]:
-    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``)."""
+             size: int | None = None, memory_size: int | None = None, seed: int = 0,
+             episodes: int = 1000) -> list[Path]:
+    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``);
+    a label task's accuracy figure scores ``episodes`` held-out episodes."""
     from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
-    from torch_ntm.evaluate import evaluate_sizes
+    from torch_ntm.evaluate import (
+        EVAL_SEED,
+        evaluate_episodes,
+        evaluate_sizes,
+        task_objective,
+    )
     from torch_ntm.model import NTM
 
     json_path = find_checkpoint(run_or_checkpoint)
@@ -226,13 +258,21 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
         paths.append(plot_memory(trace, out / "memory.png"))
     else:
         logits, _ = model(batch.inputs)
-    paths.insert(0, plot_io(batch.inputs[:, 0], batch.targets[:, 0],
-                            torch.sigmoid(logits[:, 0]), batch.mask[:, 0].float(), out / "io.png"))
-    curve = plot_learning_curve(json_path.parent / "metrics.csv", out / "learning_curve.png")
+    probabilities = task_objective(task).probabilities(logits[:, 0])
+    paths.insert(0, plot_io(batch.inputs[:, 0], batch.targets[:, 0], probabilities,
+                            batch.mask[:, 0].float(), out / "io.png"))
+    labels = task.loss != "bce"
+    curve = plot_learning_curve(json_path.parent / "metrics.csv", out / "learning_curve.png",
+                                labels=labels)
     if curve is not None:
         paths.append(curve)
     if memory_size is None and ckpt.config.eval_overrides():  # the run's generalisation memory
         model = ckpt.model(**ckpt.config.eval_overrides()).eval()
+    if labels:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` gives it
+        row = evaluate_episodes(model, task, episodes, seed=EVAL_SEED)
+        paths.append(plot_accuracy(row["accuracy_by_instance"], row["sequences"],
+                                   out / "accuracy.png"))
+        return paths
     rows = evaluate_sizes(model, task, task.eval_sizes, num_sequences=50)
     paths.append(plot_generalisation(rows, task.size_name, task.train_size,
                                      out / "generalisation.png"))

@@ -9,6 +9,9 @@ and ``perfect`` (fraction of sequences without a wrong bit). The splits:
 - ``val@SIZE``: a generalisation set at task size ``SIZE`` (``eval_sizes``);
 - ``rollback``: the best validation's metrics, put back after a later one fell apart.
 
+A task with `extra_metrics` (Omniglot: ``accuracy_1`` .. ``accuracy_10``, accuracy at the k-th
+instance of a class) adds them as columns after these, filled on its validation rows.
+
 TensorBoard gets the same numbers (``SPLIT/KEY`` against sequences) under ``tb/``.
 """
 
@@ -63,15 +66,18 @@ class MetricsLog:
     rows. TensorBoard is optional at run time; the CSV is always written.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None):
+    def __init__(self, run_dir: Path, resume_step: int | None = None,
+                 extra_fields: tuple[str, ...] = ()):
         from torch_ntm.checkpoint import _atomic_write
 
         self.path = run_dir / "metrics.csv"
+        self.fields = [*FIELDS, *extra_fields]
+        self.values = [*_VALUES, *extra_fields]
         rows = []
         if resume_step is not None:
             rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_step]
         text = io.StringIO(newline="")
-        writer = csv.DictWriter(text, FIELDS, extrasaction="ignore")
+        writer = csv.DictWriter(text, self.fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
         _atomic_write(self.path, text.getvalue().encode())
@@ -84,13 +90,14 @@ class MetricsLog:
             pass
 
     def write(self, step: int, sequences: int, elapsed: float, split: str, values: dict) -> None:
-        """One row; ``values`` holds some of ``cost_bits``, ``bit_errors``, ``perfect``."""
+        """One row; ``values`` holds some of ``cost_bits``, ``bit_errors``, ``perfect`` (and of
+        the extra fields)."""
         row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
-               "split": split, **{k: f"{values[k]:.6g}" for k in _VALUES if k in values}}
+               "split": split, **{k: f"{values[k]:.6g}" for k in self.values if k in values}}
         with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, FIELDS).writerow(row)
+            csv.DictWriter(f, self.fields).writerow(row)
         if self.tb is not None:
-            for key in _VALUES:
+            for key in self.values:
                 if key in values:
                     self.tb.add_scalar(f"{split}/{key}", values[key], sequences)
 

@@ -1,4 +1,5 @@
-"""The five algorithmic tasks of the paper (Graves, Wayne & Danihelka 2014, section 4).
+"""The five algorithmic tasks of the paper (Graves, Wayne & Danihelka 2014, section 4), and the
+registry `TASKS` of every task (with Omniglot episodes, `torch_ntm.omniglot`).
 
 Each task is a dataclass of its size parameters (defaults: the paper's training distribution) whose
 `sample` draws a `Batch` of ``(inputs, targets, mask)``:
@@ -27,11 +28,14 @@ from __future__ import annotations
 import dataclasses
 import math
 from dataclasses import dataclass
-from typing import ClassVar, NamedTuple
+from typing import ClassVar
 
 import numpy as np
 import torch
 from torch import Tensor
+
+from torch_ntm.omniglot import OmniglotTask
+from torch_ntm.task_base import Batch, Task, _check_int
 
 __all__ = [
     "Batch",
@@ -41,17 +45,10 @@ __all__ = [
     "AssociativeRecallTask",
     "NGramsTask",
     "PrioritySortTask",
+    "OmniglotTask",
     "TASKS",
     "make_task",
 ]
-
-
-class Batch(NamedTuple):
-    """One batch of a task (time-major unless sampled with ``batch_first=True``)."""
-
-    inputs: Tensor  # (T, B, input_size) float32
-    targets: Tensor  # (T, B, output_size) float32, zero where mask is false
-    mask: Tensor  # (T, B) bool
 
 
 def _gather_steps(steps: Tensor, index: Tensor) -> Tensor:
@@ -74,79 +71,6 @@ def _random_bits(shape: tuple[int, ...], generator: torch.Generator | None) -> T
 def _randint(low: int, high: int, batch_size: int, generator: torch.Generator | None) -> Tensor:
     """``[B]`` long, uniform on ``low..high`` inclusive."""
     return torch.randint(low, high + 1, (batch_size,), generator=generator)
-
-
-class Task:
-    """Interface shared by the tasks; subclasses are dataclasses of their size parameters."""
-
-    name: ClassVar[str]  # key in `TASKS`
-    size_name: ClassVar[str]  # what `with_size` sets, e.g. "length"
-    eval_sizes: ClassVar[tuple[int, ...]]  # default sizes for generalisation tests
-
-    @property
-    def input_size(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def output_size(self) -> int:
-        raise NotImplementedError
-
-    @property
-    def train_size(self) -> int:
-        """The largest value of the main size knob this task generates."""
-        raise NotImplementedError
-
-    def with_size(self, size: int) -> Task:
-        """A copy of this task that generates exactly ``size`` of its main size knob."""
-        raise NotImplementedError
-
-    def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
-        raise NotImplementedError
-
-    def sample(
-        self,
-        batch_size: int,
-        generator: torch.Generator | None = None,
-        batch_first: bool = False,
-    ) -> Batch:
-        """Draw a batch of ``batch_size`` sequences.
-
-        Args:
-            batch_size: B.
-            generator: CPU `torch.Generator` supplying all randomness (None: the global one).
-            batch_first: return ``[B, T, ...]`` tensors instead of ``[T, B, ...]``.
-
-        Returns:
-            `Batch` of inputs ``[T, B, input_size]``, targets ``[T, B, output_size]`` and mask
-            ``[T, B]`` (batch and time swapped if ``batch_first``).
-        """
-        _check_int("batch_size", batch_size, 1)
-        if generator is not None and generator.device.type != "cpu":
-            raise ValueError(f"tasks sample on the CPU; got a generator on {generator.device}")
-        batch = self._sample(batch_size, generator)
-        if batch_first:
-            batch = Batch(*(x.transpose(0, 1).contiguous() for x in batch))
-        return batch
-
-    def reference_cost(self, batch: Batch, batch_first: bool = False) -> Tensor | None:
-        """Cost in bits per sequence ``[B]`` of a reference predictor, or None if there is none."""
-        return None
-
-    def _check(self, **minimums: int) -> None:
-        for field, minimum in minimums.items():
-            _check_int(f"{type(self).__name__}.{field}", getattr(self, field), minimum)
-
-    def _check_range(self, low: str, high: str) -> None:
-        if getattr(self, low) > getattr(self, high):
-            raise ValueError(
-                f"{type(self).__name__}: {low}={getattr(self, low)} must be <= "
-                f"{high}={getattr(self, high)}"
-            )
-
-
-def _check_int(name: str, value, minimum: int) -> None:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 
 
 @dataclass
@@ -580,9 +504,11 @@ class PrioritySortTask(Task):
         return Batch(inputs, targets, mask)
 
 
+# The paper's five tasks, then Omniglot episodes (Santoro et al. 2016; `torch_ntm.omniglot`).
 TASKS: dict[str, type[Task]] = {
     task.name: task
-    for task in (CopyTask, RepeatCopyTask, AssociativeRecallTask, NGramsTask, PrioritySortTask)
+    for task in (CopyTask, RepeatCopyTask, AssociativeRecallTask, NGramsTask, PrioritySortTask,
+                 OmniglotTask)
 }
 
 

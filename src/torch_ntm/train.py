@@ -28,15 +28,18 @@ from torch_ntm.checkpoint import (
     save_checkpoint,
 )
 from torch_ntm.config import ConfigError, TrainConfig, resolve_device
-from torch_ntm.evaluate import evaluate_batches, fixed_batches
+from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
-from torch_ntm.metrics import bit_errors, masked_bce
 from torch_ntm.runlog import MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip
 
 __all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches"]
 
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes)
+# The validation set of a task whose held-out data is not its training distribution (Omniglot's
+# test split): a seed of its own, so that `ntm evaluate`'s episodes (EVAL_SEED) are not those that
+# chose the weights to keep.
+HELD_OUT_SEED = 1605
 
 
 @dataclass
@@ -89,8 +92,13 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
 
 
 def validation_batches(config: TrainConfig, task) -> list:
-    """The fixed validation set of a run: the same sequences at every validation and resume."""
-    return fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
+    """The fixed validation set of a run: the same sequences at every validation and resume,
+    drawn from the task's held-out data (`Task.held_out`: for Omniglot, the test split)."""
+    held_out = task.held_out()
+    if held_out is task:
+        return fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
+    return fixed_batches(held_out, config.eval_sequences, max(config.batch_size, 64),
+                         seed=HELD_OUT_SEED)
 
 
 def _spike_clip(config: TrainConfig, params) -> SpikeClip | None:
@@ -167,7 +175,8 @@ def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
 def _score(metrics: dict) -> tuple:
     """Order of validations, best first: fewest wrong bits in the training distribution, then
     fewest at the generalisation sizes (``eval_sizes``; none validated counts as infinitely
-    many), then the lowest cost."""
+    many), then the lowest cost. For a label task: fewest wrong labels per episode on the held-out
+    data, then the lowest cross-entropy (it has no ``eval_sizes``)."""
     general = metrics.get("general_bit_errors")
     return (metrics["bit_errors"], math.inf if general is None else general, metrics["cost_bits"])
 
@@ -270,6 +279,7 @@ class _Run:
         torch.manual_seed(config.seed)
         self.data_gen = torch.Generator().manual_seed(config.seed)
         self.task = build_task(config)
+        self.objective = task_objective(self.task)
         self.model = build_model(config, self.task, device=self.world.device)
         self.params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = make_optimizer(config, self.params)
@@ -282,7 +292,8 @@ class _Run:
         self.log = None
         if self.world.main:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self.log = MetricsLog(run_dir, self.state.step if resume else None)  # checks it
+            self.log = MetricsLog(run_dir, self.state.step if resume else None,  # checks it
+                                  extra_fields=self.task.extra_metrics)
             (run_dir / "config.json").write_text(config.to_json() + "\n")
         self.train_model = self.world.wrap(self.model)
         # Every rank validates the whole (small) set, so all reach the same stopping decision.
@@ -339,7 +350,7 @@ class _Run:
         batch = self.task.sample(config.batch_size, self.data_gen)
         inputs, targets, mask = (t[:, self.local].to(self.world.device) for t in batch)
         logits, _ = self.train_model(inputs)
-        per_seq = masked_bce(logits, targets, mask)
+        per_seq = self.objective.loss(logits, targets, mask)
         self.optimizer.zero_grad(set_to_none=True)
         per_seq.mean().backward()
         if torch.isfinite(_clip(config, self.params, self.spikes)):
@@ -350,7 +361,7 @@ class _Run:
         state.sequences += config.batch_size
         with torch.no_grad():
             state.running[0] += float(per_seq.sum()) / math.log(2)
-            state.running[1] += float(bit_errors(logits, targets, mask).sum())
+            state.running[1] += float(self.objective.errors(logits, targets, mask).sum())
             state.running[2] += per_seq.numel()
 
     def log_training(self) -> dict:

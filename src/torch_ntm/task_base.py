@@ -1,0 +1,120 @@
+"""The interface every task shares: `Batch` and `Task` (the tasks are in `torch_ntm.tasks` and
+`torch_ntm.omniglot`, which both build on this module, so neither imports the other's module)."""
+
+from __future__ import annotations
+
+from typing import ClassVar, NamedTuple
+
+import torch
+from torch import Tensor
+
+__all__ = ["Batch", "Task", "LOSSES"]
+
+# How a task's targets are scored (`torch_ntm.metrics.objective`): "bce", independent bits (the
+# algorithmic tasks); "cross_entropy", labels, one softmax per group of units (Omniglot).
+LOSSES = ("bce", "cross_entropy")
+
+
+class Batch(NamedTuple):
+    """One batch of a task (time-major unless sampled with ``batch_first=True``)."""
+
+    inputs: Tensor  # (T, B, input_size) float32
+    targets: Tensor  # (T, B, output_size) float32, zero where mask is false
+    mask: Tensor  # (T, B) bool
+
+
+class Task:
+    """Interface shared by the tasks; subclasses are dataclasses of their size parameters."""
+
+    name: ClassVar[str]  # key in `TASKS`
+    size_name: ClassVar[str]  # what `with_size` sets, e.g. "length"
+    eval_sizes: ClassVar[tuple[int, ...]]  # default sizes for generalisation tests
+    loss: ClassVar[str] = "bce"  # how targets are scored: one of `LOSSES`
+
+    @property
+    def input_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def output_size(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def train_size(self) -> int:
+        """The largest value of the main size knob this task generates."""
+        raise NotImplementedError
+
+    def with_size(self, size: int) -> Task:
+        """A copy of this task that generates exactly ``size`` of its main size knob."""
+        raise NotImplementedError
+
+    def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
+        raise NotImplementedError
+
+    def sample(
+        self,
+        batch_size: int,
+        generator: torch.Generator | None = None,
+        batch_first: bool = False,
+    ) -> Batch:
+        """Draw a batch of ``batch_size`` sequences.
+
+        Args:
+            batch_size: B.
+            generator: CPU `torch.Generator` supplying all randomness (None: the global one).
+            batch_first: return ``[B, T, ...]`` tensors instead of ``[T, B, ...]``.
+
+        Returns:
+            `Batch` of inputs ``[T, B, input_size]``, targets ``[T, B, output_size]`` and mask
+            ``[T, B]`` (batch and time swapped if ``batch_first``).
+        """
+        _check_int("batch_size", batch_size, 1)
+        if generator is not None and generator.device.type != "cpu":
+            raise ValueError(f"tasks sample on the CPU; got a generator on {generator.device}")
+        batch = self._sample(batch_size, generator)
+        if batch_first:
+            batch = Batch(*(x.transpose(0, 1).contiguous() for x in batch))
+        return batch
+
+    def reference_cost(self, batch: Batch, batch_first: bool = False) -> Tensor | None:
+        """Cost in bits per sequence ``[B]`` of a reference predictor, or None if there is none."""
+        return None
+
+    @property
+    def label_groups(self) -> int:
+        """With ``loss == "cross_entropy"``: the number of softmax groups of equal width that
+        the output units split into (each target has one 1 per group)."""
+        return 1
+
+    def held_out(self) -> Task:
+        """The task that validation and evaluation draw from: this one (fresh random sequences
+        of the training distribution), or data never trained on (Omniglot's test split)."""
+        return self
+
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """The names of `extra_scores`' values (columns of ``metrics.csv``)."""
+        return ()
+
+    def extra_scores(self, logits: Tensor, targets: Tensor, mask: Tensor) -> dict[str, float]:
+        """Task-specific means over a batch (time-major ``[T, B, O]``), by `extra_metrics` name;
+        every sequence weighs the same, so batches of equal size average to the whole set's."""
+        return {}
+
+    def _check(self, **minimums: int) -> None:
+        for field, minimum in minimums.items():
+            _check_int(f"{type(self).__name__}.{field}", getattr(self, field), minimum)
+
+    def _check_range(self, low: str, high: str) -> None:
+        if getattr(self, low) > getattr(self, high):
+            raise ValueError(
+                f"{type(self).__name__}: {low}={getattr(self, low)} must be <= "
+                f"{high}={getattr(self, high)}"
+            )
+
+
+def _check_int(name: str, value, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
