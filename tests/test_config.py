@@ -13,7 +13,9 @@ from torch_ntm.tasks import TASKS, CopyTask, RepeatCopyTask
 def test_every_task_has_the_four_presets_and_they_resolve():
     assert set(PRESETS) == set(TASKS)
     for task in TASKS:
-        assert {"ntm-lstm", "ntm-lstm-paper", "ntm-ff", "lstm"} <= set(PRESETS[task])
+        expected = ({"mann", "mann-ntm", "lstm"} if task == "omniglot"  # Santoro et al.'s three
+                    else {"ntm-lstm", "ntm-lstm-paper", "ntm-ff", "lstm"})
+        assert expected <= set(PRESETS[task])
         for preset in PRESETS[task]:
             config = resolve_config(task, preset)
             assert config.task == task and config.preset == preset
