@@ -143,7 +143,8 @@ def _one_line_error(capsys, argv, message):
 def test_train_evaluate_plot(tmp_path, capsys, preset):
     run = tmp_path / preset
     extra = ["engine=fast"] if preset != "mann" else []
-    assert main(["train", "omniglot", "--preset", preset, "--set", *TINY, *extra,
+    sets = [arg for kv in (*TINY, *extra) for arg in ("--set", kv)]
+    assert main(["train", "omniglot", "--preset", preset, *sets,
                  "--out", str(run), "--no-progress", "--no-plots"]) == 0
     out = capsys.readouterr().out
     assert "held-out episodes (test split)" in out and "instance  accuracy" in out
@@ -174,7 +175,8 @@ def test_command_line_errors_are_one_line(tmp_path, capsys):
                     "unknown preset 'ntm-ff' for task 'omniglot'; valid presets: mann, "
                     "mann-ntm, lstm")
     run = tmp_path / "run"
-    assert main(["train", "omniglot", "--set", *TINY, "--out", str(run), "--no-progress",
+    sets = [arg for kv in TINY for arg in ("--set", kv)]
+    assert main(["train", "omniglot", *sets, "--out", str(run), "--no-progress",
                  "--no-plots"]) == 0
     capsys.readouterr()
     _one_line_error(capsys, ["evaluate", str(run), "--lengths", "5"],

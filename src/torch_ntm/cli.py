@@ -40,10 +40,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--preset", default=None,
                    help="ntm-lstm (default), ntm-lstm-paper, ntm-ff, lstm; omniglot: mann "
                    "(default), mann-ntm, lstm")
-    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
-                   metavar="KEY=VALUE",
-                   help="override config keys (repeatable, or several after one --set); task.KEY "
-                   "for task parameters")
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="override a config key (repeatable); task.KEY for task parameters")
     p.add_argument("--out", default=None,
                    help="run directory (default runs/TASK); must be new or empty")
     p.add_argument("--overwrite", action="store_true",
@@ -66,10 +64,9 @@ def _parser() -> argparse.ArgumentParser:
                    "the run's eval_memory_size, else its memory_size")
     p.add_argument("--sequences", type=int, default=None,
                    help="sequences per size (100); omniglot: held-out episodes (1000)")
-    p.add_argument("--task-set", dest="task_overrides", action="extend", nargs="+",
-                   default=[], metavar="KEY=VALUE",
-                   help="change task parameters for the evaluation, e.g. --task-set "
-                   "min_repeats=20 max_repeats=20 (repeatable)")
+    p.add_argument("--task-set", dest="task_overrides", action="append", default=[],
+                   metavar="KEY=VALUE", help="change a task parameter for the evaluation, e.g. "
+                   "--task-set min_repeats=20 --task-set max_repeats=20 (repeatable)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("plot", help="write figures of a run or checkpoint")
@@ -104,8 +101,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--jobs", type=int, default=None, metavar="J",
                    help="trainings at once (2; with --ray, as many as the cluster has CPUs)")
     p.add_argument("--preset", default=None, help="as for train (default ntm-lstm)")
-    p.add_argument("--set", dest="overrides", action="extend", nargs="+", default=[],
-                   metavar="KEY=VALUE",
+    p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable), as for train")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",
                    help="train every seed with each value of a config key (repeatable: every "
