@@ -382,13 +382,13 @@ def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(tmp_path
 
     import torch
 
-    import torch_ntm.train as train_module
+    import torch_ntm.metrics as metrics_module  # training takes its loss from metrics.objective
     from torch_ntm.train import Interrupted
 
     config = tiny_config("max_sequences=16", "eval_every=5", "log_every=1")
     full = train(config, tmp_path / "full", progress=False)
     calls = []
-    real_loss = train_module.masked_bce
+    real_loss = metrics_module.masked_bce
 
     def loss_then_signal(*args, **kwargs):  # the signal comes in the middle of step 3
         calls.append(1)
@@ -396,13 +396,13 @@ def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(tmp_path
             os.kill(os.getpid(), signal.SIGTERM)
         return real_loss(*args, **kwargs)
 
-    monkeypatch.setattr(train_module, "masked_bce", loss_then_signal)
+    monkeypatch.setattr(metrics_module, "masked_bce", loss_then_signal)
     with pytest.raises(Interrupted) as stopped:
         train(config, tmp_path / "split", progress=False)
     assert (stopped.value.step, stopped.value.signum) == (3, signal.SIGTERM)
     assert load_checkpoint(tmp_path / "split").step == 3
     assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # handlers put back
-    monkeypatch.setattr(train_module, "masked_bce", real_loss)
+    monkeypatch.setattr(metrics_module, "masked_bce", real_loss)
     resumed = train(config, tmp_path / "split", resume=True, progress=False)
     assert resumed.step == full.step == 8
     a, b = load_checkpoint(tmp_path / "full"), load_checkpoint(tmp_path / "split")
