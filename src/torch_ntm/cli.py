@@ -235,10 +235,8 @@ def _print_generalisation(run_dir: Path) -> None:
     ckpt = load_checkpoint(run_dir)
     task = ckpt.task()
     if task.loss != "bce":  # a label task: no sizes to generalise to, accuracy by instance
-        row = evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task, EPISODES)
-        print(f"{row['sequences']} held-out episodes ({getattr(task.held_out(), 'split', '')} "
-              f"split):")
-        print(_format_episodes(row))
+        _print_episodes(evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task,
+                                          EPISODES), task)
         return
     rows = evaluate_sizes(ckpt.model(**ckpt.config.eval_overrides()), task, task.eval_sizes)
     rows_of = ckpt.config.eval_memory_size or ckpt.config.memory_size
@@ -253,15 +251,21 @@ EPISODES = 1000
 PRINTED_INSTANCES = (1, 2, 3, 4, 5, 10)
 
 
-def _format_episodes(row: dict) -> str:
-    """Accuracy by instance (the paper's instances), then the cost and wrong labels."""
+def _split(task) -> str:
+    return getattr(task.held_out(), "split", "held-out")
+
+
+def _print_episodes(row: dict, task) -> None:
+    """`evaluate_episodes`' row as a table: accuracy by instance (the paper's instances), then
+    the cost and wrong labels."""
     from torch_ntm.evaluate import format_table
 
     accuracy = row["accuracy_by_instance"]
     table = [{"instance": k, "accuracy": accuracy[k]} for k in PRINTED_INSTANCES if k in accuracy]
-    return (format_table(table) + f"\ncost {row['cost_bits']:.4g} bits per episode, "
-            f"{row['bit_errors']:.4g} wrong labels per episode, {row['perfect']:.4g} of episodes "
-            f"without one")
+    print(f"{row['sequences']} held-out episodes ({_split(task)} split):")
+    print(format_table(table) + f"\ncost {row['cost_bits']:.4g} bits per episode, "
+          f"{row['bit_errors']:.4g} wrong labels per episode, {row['perfect']:.4g} of episodes "
+          f"without one")
 
 
 def _checkpoint_arg(args) -> Path:
@@ -320,14 +324,12 @@ def _evaluate_episodes(args, model, task) -> int:
                           f"each instance of a class; change the episodes with --task-set "
                           f"instances=N")
     row = evaluate_episodes(model, task, args.sequences or EPISODES)
-    split = getattr(task.held_out(), "split", "held-out")
     if args.json:
         accuracy = {str(k): v for k, v in row.pop("accuracy_by_instance").items()}
-        print(json.dumps({"task": task.name, "split": split, "accuracy_by_instance": accuracy,
-                          **row}, indent=2))
+        print(json.dumps({"task": task.name, "split": _split(task),
+                          "accuracy_by_instance": accuracy, **row}, indent=2))
     else:
-        print(f"{row['sequences']} held-out episodes ({split} split):")
-        print(_format_episodes(row))
+        _print_episodes(row, task)
     return 0
 
 
