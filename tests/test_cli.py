@@ -94,6 +94,15 @@ def test_user_mistakes_end_in_one_clear_line(argv, message, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):
+    with pytest.raises(SystemExit) as exit:
+        main(["bench", "--engines", "fast,turbo"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert ("ntm bench: error: argument --engines: expected comma-separated engines from fast, "
+            "compiled, eager, got 'fast,turbo'") in err and "Traceback" not in err
+
+
 def test_resume_refuses_to_change_the_model(trained, capsys):
     assert main(["train", "copy", "--resume", str(trained), "--set", "controller_size=9"]) == 2
     assert "--resume cannot change controller_size" in capsys.readouterr().err

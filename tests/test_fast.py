@@ -1,9 +1,12 @@
 """The fast path computes exactly `NTM.forward`: outputs, final state and every gradient."""
 
+import functools
+
 import pytest
 import torch
 
 from torch_ntm import NTM
+from torch_ntm import fast as fast_engine
 from torch_ntm.fast import FastNTM, make_fast
 
 CONFIGS = {
@@ -81,8 +84,10 @@ def _model_and_input(config, dtype, batch, steps, seed=0):
 def test_matches_eager_float64(name, batch, steps, keep):
     model, x = _model_and_input(CONFIGS[name], torch.float64, batch, steps)
     eager = _run(_eager(model), model, x)
-    fast = make_fast(model)
-    fast._cfg = fast._cfg._replace(keep=keep)  # the compiled path recomputes; test it uncompiled
+    # The compiled path recomputes the addressing intermediates: test that uncompiled too.
+    layout = fast_engine._layout(model, x.device, compile=False)
+    layout = layout._replace(cfg=layout.cfg._replace(keep=keep))
+    fast = functools.partial(fast_engine._forward, layout, model)
     _assert_same(eager, _run(fast, model, x), rtol=1e-10, atol=1e-12)
 
 
@@ -183,17 +188,40 @@ def test_bench_records_and_table():
 
     records = run_bench(
         batch_sizes=(2,), seq_len=2, memory_sizes=(8,), steps=1, repeats=1,
-        paths=("fast-uncompiled", "eager"), threads=1,
+        engines=("fast", "eager"), threads=1,
     )  # fmt: skip
-    keys = {"path", "device", "batch_size", "seq_len", "memory_size", "train_seq_per_s",
+    keys = {"engine", "device", "batch_size", "seq_len", "memory_size", "train_seq_per_s",
             "infer_seq_per_s"}  # fmt: skip
-    assert [r["path"] for r in records] == ["fast-uncompiled", "eager"]
+    assert [r["engine"] for r in records] == ["fast", "eager"]
     for r in records:
         assert keys <= r.keys() and r["train_seq_per_s"] > 0 and r["infer_seq_per_s"] > 0
         assert (r["batch_size"], r["seq_len"], r["memory_size"]) == (2, 2, 8)
-    assert "fast-uncompiled/eager" in format_table(records)
-    with pytest.raises(ValueError, match="valid choices"):
-        run_bench(paths=("turbo",))
+    assert "fast/eager" in format_table(records)
+    with pytest.raises(ValueError, match="unknown engine 'turbo'; valid choices: fast, compiled"):
+        run_bench(engines=("turbo",))
+
+
+def test_bench_trains_the_engine_it_names(monkeypatch):
+    """The bench's training step runs the model's own dispatch (`NTM.forward`) with the task's
+    loss: the fast engine's step goes through `fast_forward`, the eager one's does not, and both
+    move the parameters alike."""
+    import torch_ntm.model
+    from torch_ntm import bench
+
+    calls = []
+    real = torch_ntm.model.fast_forward
+    monkeypatch.setattr(torch_ntm.model, "fast_forward",
+                        lambda *a, **k: calls.append(1) or real(*a, **k))
+    task = bench.CopyTask().with_size(3)
+    batch = task.sample(2, torch.Generator().manual_seed(0))
+    runners = {e: bench._Runner(e, 8, batch, task, "cpu", 0) for e in ("fast", "eager")}
+    losses = {}
+    for engine, runner in runners.items():
+        losses[engine] = float(runner.train_step())
+        assert len(calls) == 1  # the fast step called it; the eager one did not
+    assert losses["fast"] == pytest.approx(losses["eager"], rel=1e-5)
+    for a, b in zip(runners["fast"].model.parameters(), runners["eager"].model.parameters()):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
 CUDA = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")

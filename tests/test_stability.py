@@ -7,7 +7,7 @@ import torch
 
 from torch_ntm import NTM
 from torch_ntm.diagnostics import gradient_norms, head_statistics
-from torch_ntm.model import soft_cap
+from torch_ntm.layout import soft_cap
 from torch_ntm.stability import BestWeights, SpikeClip
 
 SMALL = {"controller_size": 10, "memory_size": 9, "memory_width": 4}

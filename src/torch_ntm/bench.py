@@ -1,11 +1,14 @@
-"""Throughput benchmark: training and inference sequences per second, fast path vs eager.
+"""Throughput benchmark: training and inference sequences per second of each engine of `NTM`.
 
-The training step is the real one: forward over ``T = 2L + 1`` steps of a fixed random copy-like
-batch, BCE on the answer steps only, backward, gradient-norm clipping and an RMSProp step.
-Inference is a forward pass under `torch.inference_mode`. Paths are measured interleaved (one
-repeat of each path in turn) and reported as medians, so that load from other processes affects
-them alike; compare paths by their ratio, not across runs. Warm-up (including any compilation) is
-excluded from the timings and reported separately as ``compile_s``.
+The training step is the one `ntm train` takes: a batch of the copy task (`torch_ntm.tasks.CopyTask`
+at a fixed length L, ``T = 2L + 1`` steps), ``model(x)`` on the engine measured, the task's loss
+(`torch_ntm.metrics.masked_bce`, averaged over the batch), backward, gradient-norm clipping and
+an RMSProp step. Inference is ``model(x)`` under `torch.no_grad` in eval mode, as `ntm evaluate`
+runs it (there, the "compiled" engine runs its steps uncompiled: compilation pays only in
+training). Engines are measured interleaved (one repeat of each in turn) and reported as medians,
+so that load from other processes affects them alike; compare engines by their ratio, not across
+runs. Warm-up (including any compilation) is excluded from the timings and reported separately as
+``compile_s``.
 
 Example::
 
@@ -19,67 +22,15 @@ import statistics
 import time
 
 import torch
-import torch.nn.functional as F
 
-from torch_ntm.model import NTM
+from torch_ntm.evaluate import task_objective
+from torch_ntm.model import ENGINES, NTM
+from torch_ntm.tasks import CopyTask
 
-__all__ = ["run_bench", "format_table", "PATHS"]
+__all__ = ["run_bench", "format_table", "DEFAULT_ENGINES"]
 
-PATHS = ("fast", "eager")
-# Also measurable on request: the fast path without torch.compile.
-_EXTRA_PATHS = ("fast-uncompiled",)
-
-# The copy task of the paper: 8 data bits plus a delimiter channel in, 8 bits out.
-_INPUT_SIZE, _OUTPUT_SIZE = 9, 8
-
-
-def _copy_batch(batch_size: int, seq_len: int, device, generator: torch.Generator):
-    """A copy-task-like batch of fixed length: ``x (T, B, 9)``, ``y (T, B, 8)``, ``mask (T, B)``.
-
-    ::
-
-        step:      0 .. L-1     L        L+1 .. 2L
-        x[:8]      bits         0        0
-        x[8]       0            1        0
-        y          -            -        bits (mask 1)
-    """
-    t, b, L = 2 * seq_len + 1, batch_size, seq_len
-    bits = torch.randint(0, 2, (L, b, _OUTPUT_SIZE), generator=generator).float()
-    x = torch.zeros(t, b, _INPUT_SIZE)
-    x[:L, :, :_OUTPUT_SIZE] = bits
-    x[L, :, _OUTPUT_SIZE] = 1.0
-    y = torch.zeros(t, b, _OUTPUT_SIZE)
-    y[L + 1 :] = bits
-    mask = torch.zeros(t, b)
-    mask[L + 1 :] = 1.0
-    return x.to(device), y.to(device), mask.to(device)
-
-
-def _masked_bce(logits, targets, mask):
-    loss = F.binary_cross_entropy_with_logits(logits, targets, reduction="none").sum(-1)
-    return (loss * mask).sum() / mask.sum()
-
-
-def _eager_forward(model: NTM):
-    """The plain eager path: `NTM._step` looped over time, whatever `NTM.forward` dispatches to."""
-
-    def forward(x, state=None):
-        x, state = model._prepare(x, state)
-        outputs = []
-        for x_t in x:
-            y, state = model._step(x_t, state)
-            outputs.append(y)
-        return model._finish(outputs), state
-
-    return forward
-
-
-def _forward_fn(path: str, model: NTM):
-    if path == "eager":
-        return _eager_forward(model)
-    from torch_ntm.fast import make_fast
-
-    return make_fast(model, compile=path == "fast")
+# Measured unless asked otherwise: what training runs by default, against the plain loop.
+DEFAULT_ENGINES = ("compiled", "eager")
 
 
 def _compiled_graphs() -> int:
@@ -95,27 +46,32 @@ def _sync(device: torch.device) -> None:
 
 
 class _Runner:
-    """One path's model, optimizer and step functions for one configuration."""
+    """One engine's model, optimizer and step functions for one configuration."""
 
-    def __init__(self, path, memory_size, x, y, mask, device, seed):
-        torch.manual_seed(seed)  # every path starts from the same parameters
-        self.model = NTM(_INPUT_SIZE, _OUTPUT_SIZE, memory_size=memory_size, device=device)
-        self.forward = _forward_fn(path, self.model)
+    def __init__(self, engine, memory_size, batch, task, device, seed):
+        torch.manual_seed(seed)  # every engine starts from the same parameters
+        self.model = NTM(task.input_size, task.output_size, memory_size=memory_size,
+                         engine=engine, device=device)
         self.optimizer = torch.optim.RMSprop(self.model.parameters(), lr=1e-4, momentum=0.9)
-        self.x, self.y, self.mask, self.device = x, y, mask, device
+        self.loss = task_objective(task).loss
+        self.batch = [t.to(device) for t in batch]
+        self.device = device
 
     def train_step(self) -> torch.Tensor:
+        x, y, mask = self.batch
+        self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        logits, _ = self.forward(self.x)
-        loss = _masked_bce(logits, self.y, self.mask)
+        logits, _ = self.model(x)
+        loss = self.loss(logits, y, mask).mean()
         loss.backward()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         self.optimizer.step()
         return loss
 
+    @torch.no_grad()
     def infer_step(self) -> torch.Tensor:
-        with torch.inference_mode():
-            return self.forward(self.x)[0]
+        self.model.eval()
+        return self.model(self.batch[0])[0]
 
     def time(self, fn, steps: int) -> float:
         """Seconds per call of ``fn``, averaged over ``steps`` calls."""
@@ -133,12 +89,12 @@ def run_bench(
     memory_sizes=(128, 1024),
     steps: int = 5,
     device="cpu",
-    paths=PATHS,
+    engines=DEFAULT_ENGINES,
     threads: int | None = None,
     repeats: int = 5,
     seed: int = 0,
 ) -> list[dict]:
-    """Measure training and inference throughput of each path for each batch and memory size.
+    """Measure training and inference throughput of each engine for each batch and memory size.
 
     Args:
         batch_sizes: batch sizes B to measure.
@@ -146,22 +102,22 @@ def run_bench(
         memory_sizes: memory rows N to measure (memory width 20, the paper's copy model).
         steps: timed calls per repeat (training steps, and inference passes).
         device: where the model and data live.
-        paths: any of ``"fast"`` (compiled), ``"eager"``, ``"fast-uncompiled"``.
+        engines: any of `torch_ntm.model.ENGINES` (``"compiled"``, ``"fast"``, ``"eager"``).
         threads: ``torch.set_num_threads`` for the run (restored after); None keeps the current.
         repeats: interleaved repeats; the reported figures are medians over them.
         seed: seed of the parameters and of the data.
 
     Returns:
-        One dict per (memory size, batch size, path) with keys ``path, device, batch_size,
+        One dict per (memory size, batch size, engine) with keys ``engine, device, batch_size,
         seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``compile_s`` (warm-up
         time beyond a steady-state step, i.e. compilation), ``threads``, ``steps`` and
         ``graphs_compiled_while_timing`` (0 unless something recompiled after warm-up).
     """
     device = torch.device(device)
-    for path in paths:
-        if path not in PATHS + _EXTRA_PATHS:
-            valid = ", ".join(sorted(PATHS + _EXTRA_PATHS))
-            raise ValueError(f"unknown path {path!r}; valid choices: {valid}")
+    for engine in engines:
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
+    task = CopyTask().with_size(seq_len)
     old_threads = torch.get_num_threads()
     if threads is not None:
         torch.set_num_threads(threads)
@@ -169,29 +125,28 @@ def run_bench(
     try:
         for n in memory_sizes:
             for b in batch_sizes:
-                gen = torch.Generator().manual_seed(seed)
-                x, y, mask = _copy_batch(b, seq_len, device, gen)
-                runners = {p: _Runner(p, n, x, y, mask, device, seed) for p in paths}
+                batch = task.sample(b, torch.Generator().manual_seed(seed))
+                runners = {e: _Runner(e, n, batch, task, device, seed) for e in engines}
                 warmup = {}
                 for p, r in runners.items():
-                    # The first calls compile (if the path compiles); the third is steady state.
+                    # The first calls compile (if the engine compiles); the third is steady state.
                     t_train = r.time(r.train_step, 1) + r.time(r.train_step, 1)
                     t_infer = r.time(r.infer_step, 1) + r.time(r.infer_step, 1)
                     warmup[p] = (t_train, t_infer)
                 graphs_before = _compiled_graphs()
-                train = {p: [] for p in paths}
-                infer = {p: [] for p in paths}
+                train = {p: [] for p in engines}
+                infer = {p: [] for p in engines}
                 for _ in range(repeats):
                     for p, r in runners.items():
                         train[p].append(r.time(r.train_step, steps))
                         infer[p].append(r.time(r.infer_step, steps))
                 new_graphs = _compiled_graphs() - graphs_before  # should be 0: no recompiles
-                for p in paths:
+                for p in engines:
                     t_train, t_infer = statistics.median(train[p]), statistics.median(infer[p])
                     w_train, w_infer = warmup[p]
                     records.append(
                         {
-                            "path": p,
+                            "engine": p,
                             "device": str(device),
                             "batch_size": b,
                             "seq_len": seq_len,
@@ -211,29 +166,30 @@ def run_bench(
 
 
 def format_table(records: list[dict]) -> str:
-    """A plain-text table of the records, with fast/eager ratios where both were measured."""
+    """A plain-text table of the records, with each engine's ratio to the eager one where both
+    were measured."""
     header = (
-        f"{'path':<15} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
+        f"{'engine':<15} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
         f"{'train seq/s':>11} {'infer seq/s':>11} {'compile s':>9}"
     )
     lines = [header, "-" * len(header)]
     by_key = {}
     for r in records:
         lines.append(
-            f"{r['path']:<15} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
+            f"{r['engine']:<15} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
             f"{r['memory_size']:>5} {r['train_seq_per_s']:>11.1f} {r['infer_seq_per_s']:>11.1f} "
             f"{r.get('compile_s', 0.0):>9.1f}"
         )
         key = (r["device"], r["batch_size"], r["seq_len"], r["memory_size"])
-        by_key.setdefault(key, {})[r["path"]] = r
+        by_key.setdefault(key, {})[r["engine"]] = r
     ratios = []
     for (dev, b, L, n), rs in by_key.items():
-        for path in ("fast",) + _EXTRA_PATHS:
-            if path in rs and "eager" in rs:
-                tr = rs[path]["train_seq_per_s"] / rs["eager"]["train_seq_per_s"]
-                inf = rs[path]["infer_seq_per_s"] / rs["eager"]["infer_seq_per_s"]
+        for engine in ENGINES:
+            if engine != "eager" and engine in rs and "eager" in rs:
+                tr = rs[engine]["train_seq_per_s"] / rs["eager"]["train_seq_per_s"]
+                inf = rs[engine]["infer_seq_per_s"] / rs["eager"]["infer_seq_per_s"]
                 ratios.append(
-                    f"{path}/eager {dev} batch {b} L {L} N {n}: "
+                    f"{engine}/eager {dev} batch {b} L {L} N {n}: "
                     f"train x{tr:.2f}, infer x{inf:.2f}"
                 )
     return "\n".join(lines + ratios)

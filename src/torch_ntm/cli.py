@@ -26,6 +26,17 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _engine_list(text: str) -> list[str]:
+    from torch_ntm.model import ENGINES
+
+    values = [v.strip() for v in text.split(",") if v.strip()]
+    unknown = [v for v in values if v not in ENGINES]
+    if not values or unknown:
+        raise argparse.ArgumentTypeError(
+            f"expected comma-separated engines from {', '.join(ENGINES)}, got {text!r}")
+    return values
+
+
 def _parser() -> argparse.ArgumentParser:
     from torch_ntm.sweep import RAY_INSTALL
     from torch_ntm.tasks import TASKS
@@ -116,7 +127,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--gpus-per-run", type=float, default=0.0, metavar="G",
                    help="with --ray: GPUs per training (0.25: four share one), on device=cuda")
 
-    p = sub.add_parser("bench", help="training and inference throughput, fast vs eager")
+    p = sub.add_parser("bench", help="training and inference throughput of each engine")
+    p.add_argument("--engines", type=_engine_list, default=None, metavar="E1,E2,...",
+                   help="engines to measure (default compiled,eager)")
     p.add_argument("--batch-size", type=_int_list, default=None, metavar="B1,B2,...")
     p.add_argument("--seq-len", type=int, default=20)
     p.add_argument("--memory-size", type=_int_list, default=None, metavar="N1,N2,...")
@@ -451,6 +464,8 @@ def _cmd_bench(args) -> int:
         kwargs["memory_sizes"] = tuple(args.memory_size)
     if args.steps:
         kwargs["steps"] = args.steps
+    if args.engines:
+        kwargs["engines"] = tuple(args.engines)
     records = run_bench(**kwargs)
     print(json.dumps(records, indent=2) if args.json else format_table(records))
     return 0

@@ -30,14 +30,17 @@ Example::
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
 from torch_ntm.functional import EPS
-from torch_ntm.model import NTM, NTMState, soft_cap
+from torch_ntm.layout import HEAD_FIELDS, HeadLayout, NTMState, soft_cap
+
+if TYPE_CHECKING:  # the model imports this module to dispatch to it
+    from torch_ntm.model import NTM
 
 __all__ = ["FastNTM", "make_fast", "fast_forward"]
 
@@ -56,54 +59,38 @@ class _Config(NamedTuple):
     # similarities and recompute the rest there (best compiled: fused elementwise work is cheaper
     # than more tensors in and out of every step; measured 1.05-1.1x).
     keep: bool = True
-    beta_cap: float = 0.0  # soft caps of beta and of gamma - 1 (`model.soft_cap`; 0: none)
+    beta_cap: float = 0.0  # soft caps of beta and of gamma - 1 (`layout.soft_cap`; 0: none)
     gamma_cap: float = 0.0
+    blocks: tuple[int, int, int, int] = (0, 0, 0, 0)  # widths of the blocks below (`_BLOCKS`)
 
 
 # ------------------------------------------------------------------------------------------------
-# Head parameters: one permuted linear layer, one activation op per kind of field.
-#
-# Permuted layout of the P head outputs (Hw = write heads, Hr = read heads):
-#     tanh:     wkey (Hw*M) | wadd (Hw*M) | rkey (Hr*M)
-#     sigmoid:  werase (Hw*M) | wgate (Hw) | rgate (Hr)
-#     softplus: wbeta (Hw) | rbeta (Hr) | wgamma (Hw) | rgamma (Hr)     (gamma = 1 + softplus)
-#     softmax:  wshift (Hw*S) | rshift (Hr*S)                            (softmax over each S)
+# Head parameters: the model's head layer (`torch_ntm.layout`), its rows permuted into one block
+# per activation, so that one op activates a kind of field of every head. In each block, its
+# fields in this order (write heads' before read heads'; gamma = 1 + softplus; softmax over each
+# head's 2R + 1 shifts):
+_BLOCKS = (
+    ("tanh", (("write", "key"), ("write", "add"), ("read", "key"))),
+    ("sigmoid", (("write", "erase"), ("write", "gate"), ("read", "gate"))),
+    ("softplus", (("write", "beta"), ("read", "beta"), ("write", "gamma"), ("read", "gamma"))),
+    ("softmax", (("write", "shift"), ("read", "shift"))),
+)
 # ------------------------------------------------------------------------------------------------
 
 
-def _head_permutation(model: NTM) -> Tensor:
-    """Row indices of ``model.head_params`` in the permuted layout above."""
-    m, s = model.memory_width, 2 * model.shift_range + 1
-    hr, hw = model.read_heads, model.write_heads
-    rf, wf = sum(model._read_fields), sum(model._write_fields)
-    # Field offsets within one head: key, beta, gate, shift, gamma[, erase, add].
-    offsets = {"key": 0, "beta": m, "gate": m + 1, "shift": m + 2, "gamma": m + 2 + s}
-    offsets.update(erase=m + 3 + s, add=2 * m + 3 + s)
-    sizes = {"key": m, "beta": 1, "gate": 1, "shift": s, "gamma": 1, "erase": m, "add": m}
-
-    def rows(kind: str, field: str) -> list[int]:
-        heads, stride, base = (hr, rf, 0) if kind == "r" else (hw, wf, model._read_split)
-        out = []
-        for h in range(heads):
-            start = base + h * stride + offsets[field]
-            out.extend(range(start, start + sizes[field]))
-        return out
-
-    order = [
-        ("w", "key"), ("w", "add"), ("r", "key"),
-        ("w", "erase"), ("w", "gate"), ("r", "gate"),
-        ("w", "beta"), ("r", "beta"), ("w", "gamma"), ("r", "gamma"),
-        ("w", "shift"), ("r", "shift"),
-    ]  # fmt: skip
-    perm = [i for kind, field in order for i in rows(kind, field)]
-    assert sorted(perm) == list(range(model.head_params.out_features))
-    return torch.tensor(perm, dtype=torch.long)
-
-
-def _head_blocks(cfg: _Config) -> tuple[int, int, int, int]:
-    """Widths of the tanh, sigmoid, softplus and softmax blocks."""
-    hr, hw, m, s = cfg.read_heads, cfg.write_heads, cfg.width, cfg.shifts
-    return (2 * hw + hr) * m, hw * m + hw + hr, 2 * (hw + hr), (hw + hr) * s
+def _head_permutation(layout: HeadLayout) -> tuple[Tensor, tuple[int, int, int, int]]:
+    """Rows of the head layer in the order of `_BLOCKS`, and each block's width."""
+    activation = {f.name: f.activation for f in HEAD_FIELDS}
+    perm, widths = [], []
+    for kind_of_block, fields in _BLOCKS:
+        rows = []
+        for kind, field in fields:
+            assert activation[field] == kind_of_block, (field, kind_of_block)
+            rows += layout.rows(kind, field)
+        perm += rows
+        widths.append(len(rows))
+    assert sorted(perm) == list(range(layout.size)), "every head output in exactly one block"
+    return torch.tensor(perm, dtype=torch.long), tuple(widths)
 
 
 # ------------------------------------------------------------------------------------------------
@@ -197,11 +184,32 @@ def _address_backward(dw, memory, msq, w_prev, key, beta, gate, s, gamma, w, sav
 # ------------------------------------------------------------------------------------------------
 
 
+class _State(NamedTuple):
+    """The recurrent state as the steps carry it; also the type of its gradients."""
+
+    h: list  # per controller layer, [B, C] (empty for a feed-forward controller)
+    c: list  # per LSTM layer, [B, C] cell state (empty for a feed-forward controller)
+    memory: Tensor  # transposed, [B, M, N]
+    msq: Tensor  # [B, N] squared row norms of memory
+    w_read: Tensor  # [B, Hr, N]
+    w_write: Tensor  # [B, Hw, N]
+    reads: Tensor  # [B, Hr, M]
+
+
+class _Saved(NamedTuple):
+    """What a step keeps for its backward."""
+
+    controller: list  # per layer, (its input z, its gates) for an LSTM, (z, h) feed-forward
+    raw: Tensor  # [B, P] the permuted head layer's output
+    write: tuple | None  # `_address`'s intermediates for the write heads (None without any)
+    read: tuple  # and for the read heads
+
+
 def _activate_heads(cfg: _Config, raw: Tensor):
     """Activations of the permuted head layer output ``raw [B, P]``, one op per block:
     ``(tanh, sigmoid, softplus, softmax [B, Hw+Hr, S], gamma)`` blocks."""
     hr, hw = cfg.read_heads, cfg.write_heads
-    n_tanh, n_sig, n_sp, _ = _head_blocks(cfg)
+    n_tanh, n_sig, n_sp, _ = cfg.blocks
     o1, o2, o3 = n_tanh, n_tanh + n_sig, n_tanh + n_sig + n_sp
     ta = torch.tanh(raw[:, :o1])
     sg = torch.sigmoid(raw[:, o1:o2])
@@ -237,12 +245,10 @@ def _step(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
             layer 0 is the previous reads ``[B, Hr*M]`` only (x is in ``xpre``).
         biases: per layer >= 1, its bias.
         wp, bp: the head layer, rows permuted (`_head_permutation`).
-        state: ``(hs, cs, memory, msq, w_read, w_write, reads)``: hs, cs lists of ``[B, C]`` (empty
-            for a feed-forward controller), memory transposed ``[B, M, N]``, ``msq [B, N]`` its
-            squared row norms, weightings ``[B, H, N]``, reads ``[B, Hr, M]``.
+        state: `_State`.
 
     Returns:
-        ``(h_top, state, saved)``.
+        ``(h_top, state, saved)``: ``h_top [B, C]``, the new `_State`, `_Saved`.
     """
     hs, cs, memory, msq, w_read, w_write, reads = state
     b, c = xpre.shape[0], cfg.hidden
@@ -303,29 +309,29 @@ def _step(cfg: _Config, tiny: float, xpre, weights, biases, wp, bp, state):
         sm[:, hw:], gam[:, hw:].unsqueeze(-1), r, tiny, cfg.keep,
     )  # fmt: skip
     reads = torch.bmm(w_read, memory.transpose(1, 2))  # (B, Hr, M)
-    saved = (ctrl_saved, raw, w_saved, r_saved)
-    return h, (new_h, new_c, memory, msq, w_read, w_write, reads), saved
+    saved = _Saved(ctrl_saved, raw, w_saved, r_saved)
+    return h, _State(new_h, new_c, memory, msq, w_read, w_write, reads), saved
 
 
 def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_out, dr_out, grads):
     """Backward of `_step`.
 
     Args:
-        prev, cur: the states before and after the step (as in `_step`).
-        saved: `_step`'s ``saved``.
+        prev, cur: the `_State` before and after the step.
+        saved: `_step`'s `_Saved`.
         dh_out: ``[B, C]`` gradient of the step's ``h_top`` from the output layer.
         dr_out: ``[B, Hr, M]`` gradient of the step's reads from the output layer.
-        grads: gradients of ``cur``: ``(dhs, dcs, dmemory, dmsq, dw_read, dw_write, dreads)``
-            (dhs, dcs: lists of ``[B, C]``, empty for a feed-forward controller).
+        grads: gradients of ``cur``, a `_State` of gradients.
 
     Returns:
-        ``(grads of prev, dpre, draw)``: ``dpre`` per layer the gradient of the layer's
-        pre-activation (that of ``xpre`` for layer 0, of the bias otherwise; the layer's weight
-        gradient is ``dpre^T z`` summed over steps, z in ``saved``), ``draw [B, P]`` that of the
-        head layer's output.
+        ``(grads of prev, dpre, draw)``: the gradients of ``prev`` (a `_State`); ``dpre`` per
+        layer the gradient of the layer's pre-activation (that of ``xpre`` for layer 0, of the
+        bias otherwise; the layer's weight gradient is ``dpre^T z`` summed over steps, z in
+        ``saved``); ``draw [B, P]`` that of the head layer's output.
     """
-    hs_prev, cs_prev, mem_prev, msq_prev, wr_prev, ww_prev, _ = prev
-    _, _, memory, msq, w_read, w_write, _ = cur
+    cs_prev, mem_prev, msq_prev, wr_prev, ww_prev = (
+        prev.c, prev.memory, prev.msq, prev.w_read, prev.w_write)
+    memory, msq, w_read, w_write = cur.memory, cur.msq, cur.w_read, cur.w_write
     ctrl_saved, raw, w_saved, r_saved = saved
     dhs, dcs, dmem, dmsq, dwr, dww, dreads = grads
     ta, sg, sp, sm, gam = _activate_heads(cfg, raw)
@@ -338,7 +344,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
     dwr_t = dwr + torch.bmm(dreads, memory)
     dmem_r = dmem + torch.bmm(dreads.transpose(1, 2), w_read)
     rkey = ta[:, 2 * hw * m :].view(b, hr, m)
-    n_tanh, n_sig, n_sp, _ = _head_blocks(cfg)
+    n_tanh, n_sig, n_sp, _ = cfg.blocks
     o2 = n_tanh + n_sig
     rbeta = sp[:, hw : hw + hr].unsqueeze(-1)
     d_read = _address_backward(
@@ -415,7 +421,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
                 dh = dh + dhs[layer]
             _, gates = ctrl_saved[layer]
             sig, g = torch.sigmoid(gates[:, : 3 * c]), torch.tanh(gates[:, 3 * c :])
-            tc = torch.tanh(cur[1][layer])
+            tc = torch.tanh(cur.c[layer])
             i, f, o = sig[:, :c], sig[:, c : 2 * c], sig[:, 2 * c :]
             dc = torch.addcmul(dcs[layer], dh * o, 1.0 - tc.square())
             dsig = torch.cat([dc * g, dc * cs_prev[layer], dh * tc], dim=1) * sig * (1.0 - sig)
@@ -433,7 +439,7 @@ def _step_backward(cfg: _Config, tiny: float, weights, wp, prev, cur, saved, dh_
     if not cfg.lstm:
         dh_prev, dc_prev = [], []
     dreads_prev = dh.view(b, hr, m)
-    grads_prev = (dh_prev, dc_prev, dmem, dmsq_prev, dwr_prev, dww_prev, dreads_prev)
+    grads_prev = _State(dh_prev, dc_prev, dmem, dmsq_prev, dwr_prev, dww_prev, dreads_prev)
     return grads_prev, dpre, draw
 
 
@@ -466,7 +472,7 @@ def _run_forward(steps: _Steps, xpre, weights, biases, wp, bp, state, keep: bool
     for t in range(xpre.shape[0]):
         h, state, sv = step(steps.cfg, steps.tiny, xpre[t], weights, biases, wp, bp, state)
         hs.append(h)
-        reads.append(state[-1])
+        reads.append(state.reads)
         if keep:
             states.append(state)
             saved.append(sv)
@@ -497,7 +503,7 @@ class _Sequence(torch.autograd.Function):
         weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
         h0 = list(rest[2 * n - 1 : 3 * n - 1]) if cfg.lstm else []
         c0 = list(rest[3 * n - 1 :]) if cfg.lstm else []
-        state = (h0, c0, memory, msq, w_read, w_write, reads)
+        state = _State(h0, c0, memory, msq, w_read, w_write, reads)
         hs, all_reads, states, saved = _run_forward(
             steps, xpre, weights, biases, wp, bp, state, keep=True
         )
@@ -506,9 +512,9 @@ class _Sequence(torch.autograd.Function):
         ctx.save_for_backward(hs, wp, *weights)
         last = states[-1]
         # Clone what is also kept for backward, so that no output is referenced by its own node.
-        out = [hs, all_reads, last[2].clone(), last[4].clone(), last[5].clone()]
+        out = [hs, all_reads, last.memory.clone(), last.w_read.clone(), last.w_write.clone()]
         if cfg.lstm:
-            out += [torch.stack(last[0]), torch.stack(last[1])]
+            out += [torch.stack(last.h), torch.stack(last.c)]
         return tuple(out)
 
     @staticmethod
@@ -522,11 +528,11 @@ class _Sequence(torch.autograd.Function):
             return torch.zeros_like(like) if grad is None else grad.contiguous()
 
         dhs_out = grad_or_zeros(dhs_out, hs)
-        dreads_out = grad_or_zeros(dreads_out, torch.stack([st[6] for st in states[1:]]))
+        dreads_out = grad_or_zeros(dreads_out, torch.stack([st.reads for st in states[1:]]))
         # The gradients a step passes back for h and the reads are slices of one matmul's output
         # (see `_step_backward`); start from slices of the same layout.
         b, c = hs.shape[1], cfg.hidden
-        dreads = torch.zeros_like(last[6])
+        dreads = torch.zeros_like(last.reads)
         dh, dc = [], []
         if cfg.lstm:
             dz = [hs.new_zeros(b, w.shape[1]) for w in weights]
@@ -536,15 +542,15 @@ class _Sequence(torch.autograd.Function):
             if dh_last is not None:
                 for d, g in zip(dh, dh_last.unbind(0)):
                     d.copy_(g)
-            dc = list(grad_or_zeros(dc_last, torch.stack(last[1])).unbind(0))
-        grads = (
-            dh,
-            dc,
-            grad_or_zeros(dmem, last[2]),
-            torch.zeros_like(last[3]),
-            grad_or_zeros(dwr, last[4]),
-            grad_or_zeros(dww, last[5]),
-            dreads,
+            dc = list(grad_or_zeros(dc_last, torch.stack(last.c)).unbind(0))
+        grads = _State(
+            h=dh,
+            c=dc,
+            memory=grad_or_zeros(dmem, last.memory),
+            msq=torch.zeros_like(last.msq),
+            w_read=grad_or_zeros(dwr, last.w_read),
+            w_write=grad_or_zeros(dww, last.w_write),
+            reads=dreads,
         )
         dpres, draws = [[] for _ in range(cfg.layers)], []
         for t in reversed(range(len(saved))):
@@ -562,7 +568,7 @@ class _Sequence(torch.autograd.Function):
         dweights, dbiases = [], []
         for layer in range(cfg.layers):
             dpre = torch.stack(dpres[layer][::-1])  # (T, B, G)
-            z = torch.stack([sv[0][layer][0] for sv in saved])  # (T, B, in)
+            z = torch.stack([sv.controller[layer][0] for sv in saved])  # (T, B, in)
             dweights.append(dpre.flatten(0, 1).t() @ z.flatten(0, 1))
             if layer == 0:
                 dxpre = dpre
@@ -596,6 +602,106 @@ def _compiled_steps():
     return _COMPILED[_step], _COMPILED[_step_backward], _COMPILED[_step_lean]
 
 
+class _Layout(NamedTuple):
+    """What the engine needs of a model's shape: the static config and the row permutations."""
+
+    cfg: _Config
+    head_perm: Tensor  # rows of the head layer in `_BLOCKS` order
+    gate_perm: Tensor  # LSTMCell's gates (i, f, g, o) -> the steps' (i, f, o, g)
+    compiled: bool  # run the steps compiled by torch.compile
+
+
+def _layout(model: NTM, device: torch.device, compile: bool) -> _Layout:
+    """The `_Layout` of ``model`` on ``device``, cached on its configuration."""
+    key = (tuple(sorted(model.config().items())), str(device), compile)
+    layout = _LAYOUTS.get(key)
+    if layout is None:
+        head_perm, blocks = _head_permutation(model.head_layout)
+        c = model.controller_size
+        gate_perm = torch.cat(
+            [torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)]
+        )
+        cfg = _Config(
+            lstm=model.controller_type == "lstm",
+            layers=model.controller_layers,
+            hidden=c,
+            read_heads=model.read_heads,
+            write_heads=model.write_heads,
+            width=model.memory_width,
+            shifts=2 * model.shift_range + 1,
+            keep=not compile,
+            beta_cap=model._caps[0],
+            gamma_cap=model._caps[1],
+            blocks=blocks,
+        )
+        layout = _Layout(cfg, head_perm.to(device), gate_perm.to(device), compile)
+        _LAYOUTS[key] = layout
+    return layout
+
+
+_LAYOUTS: dict = {}
+
+
+def _parameters(layout: _Layout, model: NTM, x: Tensor):
+    """The weights in the layout of `_step` (differentiably), and ``xpre`` for all steps."""
+    cfg = layout.cfg
+    n_in = model.input_size
+    weights, biases = [], []
+    if cfg.lstm:
+        perm = layout.gate_perm
+        for layer, cell in enumerate(model.controller.cells):
+            w_ih, w_hh = cell.weight_ih[perm], cell.weight_hh[perm]
+            bias = (cell.bias_ih + cell.bias_hh)[perm]
+            if layer == 0:
+                xpre = F.linear(x, w_ih[:, :n_in], bias)
+                weights.append(torch.cat([w_ih[:, n_in:], w_hh], dim=1))
+            else:
+                weights.append(torch.cat([w_ih, w_hh], dim=1))
+                biases.append(bias)
+    else:
+        for layer, lin in enumerate(model.controller.layers):
+            if layer == 0:
+                xpre = F.linear(x, lin.weight[:, :n_in], lin.bias)
+                weights.append(lin.weight[:, n_in:])
+            else:
+                weights.append(lin.weight)
+                biases.append(lin.bias)
+    wp, bp = model.head_params.weight[layout.head_perm], model.head_params.bias[layout.head_perm]
+    return xpre, weights, biases, wp, bp
+
+
+def _forward(layout: _Layout, model: NTM, x: Tensor, state: NTMState | None):
+    """``model(x, state)`` by the engine; args and returns as `NTM.forward`."""
+    cfg = layout.cfg
+    x, state = model._prepare(x, state)  # time-major, checked
+    xpre, weights, biases, wp, bp = _parameters(layout, model, x)
+    fns = _compiled_steps() if layout.compiled else (_step, _step_backward, _step_lean)
+    steps = _Steps(cfg, torch.finfo(x.dtype).tiny, *fns)
+    h0 = list(state.controller[0].unbind(0)) if cfg.lstm else []
+    c0 = list(state.controller[1].unbind(0)) if cfg.lstm else []
+    # The steps keep memory transposed, [B, M, N]: the reductions over a row's M entries
+    # then run along the contiguous N axis, which vectorises (measured 1.1-1.2x faster).
+    memory = state.memory.transpose(1, 2)
+    msq = memory.square().sum(1)
+    inputs = (xpre, wp, bp, memory, msq, state.read_weights, state.write_weights, state.reads)
+    inputs += (*weights, *biases, *h0, *c0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        out = _Sequence.apply(steps, *inputs)
+        hs, reads, memory, w_read, w_write = out[:5]
+        controller = tuple(out[5:])
+    else:
+        st = _State([h.contiguous() for h in h0], [c.contiguous() for c in c0],
+                    memory.contiguous(), msq, state.read_weights.contiguous(),
+                    state.write_weights.contiguous(), state.reads.contiguous())
+        hs, reads, states, _ = _run_forward(steps, xpre, weights, biases, wp, bp, st, False)
+        last = states[-1]
+        memory, w_read, w_write = last.memory, last.w_read, last.w_write
+        controller = (torch.stack(last.h), torch.stack(last.c)) if cfg.lstm else ()
+    logits = model.output(torch.cat([hs, reads.flatten(2)], dim=-1))
+    final = NTMState(controller, memory.transpose(1, 2), w_read, w_write, reads[-1])
+    return (logits.transpose(0, 1) if model.batch_first else logits), final
+
+
 class FastNTM:
     """Computes ``model(x, state)`` of an `NTM` faster, with gradients to the model's parameters.
 
@@ -604,98 +710,21 @@ class FastNTM:
         compile: also compile the step functions with `torch.compile` (static shapes): about
             2-2.4x faster again, for ~20-25 s of compilation per (batch size, memory size, dtype)
             on a 2-core CPU, ~4 s when inductor's on-disk cache already holds the graphs. A new
-            sequence length reuses the graphs.
+            sequence length reuses the graphs. (Compiled, the steps recompute the addressing
+            intermediates in the backward instead of keeping them.)
 
     Call it like the model: ``logits, state = fast(x, state=None)``.
     """
 
     def __init__(self, model: NTM, *, compile: bool = False) -> None:
-        if not isinstance(model, NTM):
+        if not isinstance(getattr(model, "head_layout", None), HeadLayout):
             raise TypeError(f"FastNTM needs an NTM, got {type(model).__name__}")
         self.model = model
         self.compile = bool(compile)
-        self._cfg = _Config(
-            lstm=model.controller_type == "lstm",
-            layers=model.controller_layers,
-            hidden=model.controller_size,
-            read_heads=model.read_heads,
-            write_heads=model.write_heads,
-            width=model.memory_width,
-            shifts=2 * model.shift_range + 1,
-            keep=not self.compile,
-            beta_cap=model._caps[0],
-            gamma_cap=model._caps[1],
-        )
-        self._head_perm = _head_permutation(model)
-        c = model.controller_size
-        self._gate_perm = torch.cat(  # LSTMCell's (i, f, g, o) -> (i, f, o, g)
-            [torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)]
-        )
-
-    def _steps(self, dtype: torch.dtype) -> _Steps:
-        fns = _compiled_steps() if self.compile else (_step, _step_backward, _step_lean)
-        return _Steps(self._cfg, torch.finfo(dtype).tiny, *fns)
-
-    def _parameters(self, model: NTM, x: Tensor):
-        """The weights in the layout of `_step` (differentiably), and ``xpre`` for all steps."""
-        cfg = self._cfg
-        n_in = model.input_size
-        weights, biases = [], []
-        if cfg.lstm:
-            perm = self._gate_perm.to(x.device)
-            for layer, cell in enumerate(model.controller.cells):
-                w_ih, w_hh = cell.weight_ih[perm], cell.weight_hh[perm]
-                bias = (cell.bias_ih + cell.bias_hh)[perm]
-                if layer == 0:
-                    xpre = F.linear(x, w_ih[:, :n_in], bias)
-                    weights.append(torch.cat([w_ih[:, n_in:], w_hh], dim=1))
-                else:
-                    weights.append(torch.cat([w_ih, w_hh], dim=1))
-                    biases.append(bias)
-        else:
-            for layer, lin in enumerate(model.controller.layers):
-                if layer == 0:
-                    xpre = F.linear(x, lin.weight[:, :n_in], lin.bias)
-                    weights.append(lin.weight[:, n_in:])
-                else:
-                    weights.append(lin.weight)
-                    biases.append(lin.bias)
-        perm = self._head_perm.to(x.device)
-        wp, bp = model.head_params.weight[perm], model.head_params.bias[perm]
-        return xpre, weights, biases, wp, bp
 
     def __call__(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState]:
         """Args and returns as `NTM.forward`."""
-        return self._forward(self.model, x, state)
-
-    def _forward(self, model: NTM, x: Tensor, state: NTMState | None):
-        cfg = self._cfg
-        x, state = model._prepare(x, state)  # time-major, checked
-        xpre, weights, biases, wp, bp = self._parameters(model, x)
-        steps = self._steps(x.dtype)
-        h0 = list(state.controller[0].unbind(0)) if cfg.lstm else []
-        c0 = list(state.controller[1].unbind(0)) if cfg.lstm else []
-        # The steps keep memory transposed, [B, M, N]: the reductions over a row's M entries
-        # then run along the contiguous N axis, which vectorises (measured 1.1-1.2x faster).
-        memory = state.memory.transpose(1, 2)
-        msq = memory.square().sum(1)
-        inputs = (xpre, wp, bp, memory, msq, state.read_weights, state.write_weights, state.reads)
-        inputs += (*weights, *biases, *h0, *c0)
-        if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-            out = _Sequence.apply(steps, *inputs)
-            hs, reads, memory, w_read, w_write = out[:5]
-            controller = tuple(out[5:])
-        else:
-            h0, c0 = [h.contiguous() for h in h0], [c.contiguous() for c in c0]
-            st = (h0, c0, memory.contiguous(), msq, state.read_weights.contiguous(),
-                  state.write_weights.contiguous(), state.reads.contiguous())  # fmt: skip
-            hs, reads, states, _ = _run_forward(steps, xpre, weights, biases, wp, bp, st, False)
-            last = states[-1]
-            memory, w_read, w_write = last[2], last[4], last[5]
-            controller = (torch.stack(last[0]), torch.stack(last[1])) if cfg.lstm else ()
-        logits = model.output(torch.cat([hs, reads.flatten(2)], dim=-1))
-        final = NTMState(controller, memory.transpose(1, 2), w_read, w_write, reads[-1])
-        return (logits.transpose(0, 1) if model.batch_first else logits), final
+        return _forward(_layout(self.model, x.device, self.compile), self.model, x, state)
 
 
 def make_fast(model: NTM, *, compile: bool = False) -> FastNTM:
@@ -706,18 +735,6 @@ def make_fast(model: NTM, *, compile: bool = False) -> FastNTM:
 def fast_forward(
     model: NTM, x: Tensor, state: NTMState | None = None, *, compile: bool = False
 ) -> tuple[Tensor, NTMState]:
-    """``model(x, state)`` by the fast path, for `NTM.forward` to dispatch to.
-
-    The small per-model layout (index tensors) is cached on the model's configuration and device.
-    """
-    key = (tuple(sorted(model.config().items())), str(x.device), bool(compile))
-    fast = _FAST_CACHE.get(key)
-    if fast is None:
-        fast = _FAST_CACHE[key] = FastNTM(model, compile=compile)
-        fast._head_perm = fast._head_perm.to(x.device)
-        fast._gate_perm = fast._gate_perm.to(x.device)
-        fast.model = None  # the cache holds layouts only; the model is passed per call
-    return fast._forward(model, x, state)
-
-
-_FAST_CACHE: dict = {}
+    """``model(x, state)`` by the fast engine, for `NTM.forward` to dispatch to (the small
+    per-model layout, index tensors, is cached on the model's configuration and device)."""
+    return _forward(_layout(model, x.device, bool(compile)), model, x, state)

@@ -24,11 +24,12 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from torch_ntm import functional as ntmf
+from torch_ntm.fast import fast_forward
+from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
@@ -42,24 +43,6 @@ MEMORY_INITS = ("constant", "learned", "random")
 # "compiled" is the same with its step functions compiled by `torch.compile` for training, and
 # "eager" is the straightforward loop over `_step` with autograd recording every op.
 ENGINES = ("fast", "compiled", "eager")
-
-
-class NTMState(NamedTuple):
-    """Recurrent state of an NTM, passed in and returned by `forward`.
-
-    Attributes:
-        controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
-        memory: ``[B, N, M]`` memory matrix.
-        read_weights: ``[B, Hr, N]`` read weightings.
-        write_weights: ``[B, Hw, N]`` write weightings.
-        reads: ``[B, Hr, M]`` read vectors of the last step.
-    """
-
-    controller: tuple
-    memory: Tensor
-    read_weights: Tensor
-    write_weights: Tensor
-    reads: Tensor
 
 
 class NTMTrace(NamedTuple):
@@ -151,49 +134,6 @@ def _choice(kind: str, value: str, valid) -> str:
     if value not in valid:
         raise ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(sorted(valid))}")
     return value
-
-
-class HeadParameters(NamedTuple):
-    """Activated addressing parameters of all heads of one kind (paper's symbols)."""
-
-    key: Tensor  # k, (B, H, M), tanh
-    beta: Tensor  # beta, (B, H, 1), softplus
-    gate: Tensor  # g, (B, H, 1), sigmoid
-    shift: Tensor  # s, (B, H, 2R+1), softmax
-    gamma: Tensor  # gamma, (B, H, 1), 1 + softplus
-    erase: Tensor | None  # e, (B, H, M), sigmoid (write heads only)
-    add: Tensor | None  # a, (B, H, M), tanh (write heads only)
-
-
-def _head_fields(width: int, shifts: int, write: bool) -> list[int]:
-    """Sizes of the fields one head emits: key, beta, gate, shift, gamma[, erase, add]."""
-    fields = [width, 1, 1, shifts, 1]
-    return fields + [width, width] if write else fields
-
-
-def soft_cap(x: Tensor, cap: float) -> Tensor:
-    """``cap * tanh(x / cap)``: ~x for x << cap, never above cap; ``cap = 0`` leaves x as is."""
-    return x if cap == 0 else cap * torch.tanh(x / cap)
-
-
-def _activate(raw: Tensor, fields: list[int], beta_cap: float = 0.0,
-              gamma_cap: float = 0.0) -> HeadParameters:
-    """Split ``[B, H, sum(fields)]`` raw parameters into named fields and apply activations;
-    beta and gamma - 1 are soft-capped at ``beta_cap`` and ``gamma_cap`` (0: unbounded)."""
-    parts = torch.split(raw, fields, dim=-1)
-    key, beta, gate, shift, gamma = parts[:5]
-    erase = add = None
-    if len(parts) == 7:
-        erase, add = torch.sigmoid(parts[5]), torch.tanh(parts[6])
-    return HeadParameters(
-        key=torch.tanh(key),
-        beta=soft_cap(F.softplus(beta), beta_cap),
-        gate=torch.sigmoid(gate),
-        shift=torch.softmax(shift, dim=-1),
-        gamma=1.0 + soft_cap(F.softplus(gamma), gamma_cap),
-        erase=erase,
-        add=add,
-    )
 
 
 def _positive_int(name: str, value, minimum: int = 1) -> int:
@@ -305,15 +245,13 @@ class _NTMBase(nn.Module):
 
         opt = self.options
         m, shifts = opt.memory_width, 2 * opt.shift_range + 1
-        self._read_fields = _head_fields(m, shifts, write=False)
-        self._write_fields = _head_fields(m, shifts, write=True)
-        self._read_split = opt.read_heads * sum(self._read_fields)
-        n_params = self._read_split + opt.write_heads * sum(self._write_fields)
+        self.head_layout = HeadLayout(opt.read_heads, opt.write_heads, m, shifts)
 
         self.controller = CONTROLLERS[opt.controller](
             input_size + opt.read_heads * m, opt.controller_size, opt.controller_layers, **factory
         )
-        self.head_params = nn.Linear(opt.controller_size, n_params, **factory)  # all heads at once
+        # all heads at once, laid out as `torch_ntm.layout` describes
+        self.head_params = nn.Linear(opt.controller_size, self.head_layout.size, **factory)
         self.output = nn.Linear(opt.controller_size + opt.read_heads * m, output_size, **factory)
         # Learned initial read vectors, and the learned logit of row 0 in the initial weightings
         # (all other rows have logit 0): N-independent, focused on row 0 after initialisation.
@@ -386,7 +324,7 @@ class _NTMBase(nn.Module):
 
     @property
     def _caps(self) -> tuple[float, float]:
-        """Soft caps of beta and of gamma - 1 for `_activate` (0: unbounded)."""
+        """Soft caps of beta and of gamma - 1 for `HeadLayout.activate` (0: unbounded)."""
         return (self.max_beta or 0.0, (self.max_gamma or 1.0) - 1.0)
 
     def _check_dtype(self, x: Tensor) -> None:
@@ -452,14 +390,12 @@ class _NTMBase(nn.Module):
         memory, w_write = state.memory, state.write_weights
         wp = None
         if self.write_heads:
-            wp = _activate(raw[:, self._read_split :].view(b, self.write_heads, -1),
-                           self._write_fields, *self._caps)
+            wp = self.head_layout.activate(raw, "write", *self._caps)
             w_write = ntmf.address(
                 memory, w_write, wp.key, wp.beta, wp.gate, wp.shift, wp.gamma
             )
             memory = ntmf.write(memory, w_write, wp.erase, wp.add)
-        rp = _activate(raw[:, : self._read_split].view(b, self.read_heads, -1),
-                       self._read_fields, *self._caps)
+        rp = self.head_layout.activate(raw, "read", *self._caps)
         w_read = ntmf.address(
             memory, state.read_weights, rp.key, rp.beta, rp.gate, rp.shift, rp.gamma
         )
@@ -666,8 +602,6 @@ class NTM(_NTMBase):
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
         # hand-written backward take one dtype (the parameters'), not autocast's mix.
         if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
-            from torch_ntm.fast import fast_forward  # imports this module: import on first use
-
             compile = self.engine == "compiled" and torch.is_grad_enabled()
             return fast_forward(self, x, state, compile=compile)
         x, state = self._prepare(x, state)

@@ -1,0 +1,145 @@
+"""What an NTM's tensors mean, in one place: its recurrent state and its head layer's outputs.
+
+The model (`torch_ntm.model`) and its engines (`torch_ntm.fast`) both read these descriptions;
+neither imports the other for them.
+
+The head layer (``NTM.head_params``, one linear layer for all heads) emits the Hr read heads'
+parameters first, then the Hw write heads', each head its fields in `HEAD_FIELDS` order::
+
+    read head:   key (M) | beta (1) | gate (1) | shift (2R + 1) | gamma (1)
+    write head:  key (M) | beta (1) | gate (1) | shift (2R + 1) | gamma (1) | erase (M) | add (M)
+
+Trained weights depend on this order, so it is a stable contract.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+__all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "soft_cap"]
+
+
+class NTMState(NamedTuple):
+    """Recurrent state of an NTM, passed in and returned by `forward`.
+
+    Attributes:
+        controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
+        memory: ``[B, N, M]`` memory matrix.
+        read_weights: ``[B, Hr, N]`` read weightings.
+        write_weights: ``[B, Hw, N]`` write weightings.
+        reads: ``[B, Hr, M]`` read vectors of the last step.
+    """
+
+    controller: tuple
+    memory: Tensor
+    read_weights: Tensor
+    write_weights: Tensor
+    reads: Tensor
+
+
+class HeadField(NamedTuple):
+    """One addressing parameter a head emits."""
+
+    name: str  # the paper's symbols: key k, beta, gate g, shift s, gamma, erase e, add a
+    activation: str  # "tanh", "sigmoid", "softplus" (gamma: 1 + softplus) or "softmax"
+    size: str  # "width" (M), "shifts" (2R + 1) or "one"
+    write_only: bool = False
+
+
+HEAD_FIELDS = (
+    HeadField("key", "tanh", "width"),
+    HeadField("beta", "softplus", "one"),
+    HeadField("gate", "sigmoid", "one"),
+    HeadField("shift", "softmax", "shifts"),
+    HeadField("gamma", "softplus", "one"),
+    HeadField("erase", "sigmoid", "width", write_only=True),
+    HeadField("add", "tanh", "width", write_only=True),
+)
+HEAD_KINDS = ("read", "write")
+
+
+class HeadParameters(NamedTuple):
+    """Activated addressing parameters of all heads of one kind (paper's symbols)."""
+
+    key: Tensor  # k, (B, H, M), tanh
+    beta: Tensor  # beta, (B, H, 1), softplus
+    gate: Tensor  # g, (B, H, 1), sigmoid
+    shift: Tensor  # s, (B, H, 2R+1), softmax
+    gamma: Tensor  # gamma, (B, H, 1), 1 + softplus
+    erase: Tensor | None  # e, (B, H, M), sigmoid (write heads only)
+    add: Tensor | None  # a, (B, H, M), tanh (write heads only)
+
+
+def soft_cap(x: Tensor, cap: float) -> Tensor:
+    """``cap * tanh(x / cap)``: ~x for x << cap, never above cap; ``cap = 0`` leaves x as is."""
+    return x if cap == 0 else cap * torch.tanh(x / cap)
+
+
+@dataclass(frozen=True)
+class HeadLayout:
+    """Where each head's fields lie in the head layer's output, for one model's sizes.
+
+    Args:
+        read_heads, write_heads: Hr, Hw.
+        width: M, the memory width.
+        shifts: 2R + 1, the shift distribution's width.
+    """
+
+    read_heads: int
+    write_heads: int
+    width: int
+    shifts: int
+
+    def fields(self, kind: str) -> dict[str, int]:
+        """Name -> size of the fields of one head of ``kind`` ("read" or "write"), in order."""
+        if kind not in HEAD_KINDS:
+            raise ValueError(f"unknown head kind {kind!r}; valid: {', '.join(HEAD_KINDS)}")
+        sizes = {"width": self.width, "shifts": self.shifts, "one": 1}
+        return {f.name: sizes[f.size] for f in HEAD_FIELDS if kind == "write" or not f.write_only}
+
+    def heads(self, kind: str) -> int:
+        return self.read_heads if kind == "read" else self.write_heads
+
+    def start(self, kind: str) -> int:
+        """First output of the heads of ``kind``: the read heads come first."""
+        return 0 if kind == "read" else self.read_heads * sum(self.fields("read").values())
+
+    @property
+    def size(self) -> int:
+        """Outputs of the head layer, all heads together."""
+        return self.start("write") + self.write_heads * sum(self.fields("write").values())
+
+    def rows(self, kind: str, field: str) -> list[int]:
+        """The head layer's outputs that hold ``field`` of every head of ``kind``, head by head."""
+        fields = self.fields(kind)
+        offset = list(fields).index(field)
+        offset = sum(list(fields.values())[:offset])
+        stride, base = sum(fields.values()), self.start(kind)
+        return [base + h * stride + offset + i
+                for h in range(self.heads(kind)) for i in range(fields[field])]
+
+    def activate(self, raw: Tensor, kind: str, beta_cap: float = 0.0,
+                 gamma_cap: float = 0.0) -> HeadParameters:
+        """The activated parameters of the heads of ``kind`` from the head layer's output
+        ``raw [B, size]``; beta and gamma - 1 are soft-capped at ``beta_cap`` and ``gamma_cap``
+        (0: unbounded). Read heads have no erase or add (None)."""
+        fields = self.fields(kind)
+        start = self.start(kind)
+        block = raw[:, start : start + self.heads(kind) * sum(fields.values())]
+        parts = dict(zip(fields, torch.split(block.view(raw.shape[0], self.heads(kind), -1),
+                                             list(fields.values()), dim=-1)))
+        write = kind == "write"
+        return HeadParameters(
+            key=torch.tanh(parts["key"]),
+            beta=soft_cap(F.softplus(parts["beta"]), beta_cap),
+            gate=torch.sigmoid(parts["gate"]),
+            shift=torch.softmax(parts["shift"], dim=-1),
+            gamma=1.0 + soft_cap(F.softplus(parts["gamma"]), gamma_cap),
+            erase=torch.sigmoid(parts["erase"]) if write else None,
+            add=torch.tanh(parts["add"]) if write else None,
+        )
