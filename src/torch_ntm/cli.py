@@ -248,8 +248,8 @@ def _print_generalisation(run_dir: Path) -> None:
     ckpt = load_checkpoint(run_dir)
     task = ckpt.task()
     if task.loss != "bce":  # a label task: no sizes to generalise to, accuracy by instance
-        _print_episodes(evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task,
-                                          EPISODES), task)
+        _print_episodes(evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task),
+                        task)
         return
     rows = evaluate_sizes(ckpt.model(**ckpt.config.eval_overrides()), task, task.eval_sizes)
     rows_of = ckpt.config.eval_memory_size or ckpt.config.memory_size
@@ -258,9 +258,8 @@ def _print_generalisation(run_dir: Path) -> None:
     print(format_table(rows))
 
 
-# Held-out episodes of a label task that `ntm evaluate` and the end of `ntm train` score, and the
-# instances (k-th occurrence of a class) they print: Santoro et al.'s table 1.
-EPISODES = 1000
+# The instances (k-th occurrence of a class) that `ntm evaluate` and the end of `ntm train` print
+# for a label task: Santoro et al.'s table 1.
 PRINTED_INSTANCES = (1, 2, 3, 4, 5, 10)
 
 
@@ -330,13 +329,13 @@ def _cmd_evaluate(args) -> int:
 def _evaluate_episodes(args, model, task) -> int:
     """`ntm evaluate` of a label task (Omniglot): accuracy by instance on held-out episodes."""
     from torch_ntm.config import ConfigError
-    from torch_ntm.evaluate import evaluate_episodes
+    from torch_ntm.evaluate import HELD_OUT_EPISODES, evaluate_episodes
 
     if args.lengths is not None:
         raise ConfigError(f"--lengths does not apply to {task.name}: it is scored by accuracy at "
                           f"each instance of a class; change the episodes with --task-set "
                           f"instances=N")
-    row = evaluate_episodes(model, task, args.sequences or EPISODES)
+    row = evaluate_episodes(model, task, args.sequences or HELD_OUT_EPISODES)
     if args.json:
         accuracy = {str(k): v for k, v in row.pop("accuracy_by_instance").items()}
         print(json.dumps({"task": task.name, "split": _split(task),

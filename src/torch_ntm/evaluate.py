@@ -14,6 +14,8 @@ __all__ = ["evaluate_batches", "evaluate_sizes", "evaluate_episodes", "format_ta
            "task_objective"]
 
 EVAL_SEED = 2014  # evaluation sets are drawn from their own generator, never the training one
+# Held-out episodes a label task is scored on (`ntm evaluate`, the end of `ntm train`, `ntm plot`)
+HELD_OUT_EPISODES = 1000
 
 
 def task_objective(task):
@@ -90,7 +92,7 @@ def evaluate_sizes(model: nn.Module, task, sizes, num_sequences: int = 100,
     return rows
 
 
-def evaluate_episodes(model: nn.Module, task, num_sequences: int = 1000,
+def evaluate_episodes(model: nn.Module, task, num_sequences: int = HELD_OUT_EPISODES,
                       batch_size: int = 100, seed: int = EVAL_SEED) -> dict:
     """A label task's scores on ``num_sequences`` held-out episodes (`Task.held_out`: Omniglot's
     test split) drawn from ``seed``: `evaluate_batches`' keys, and ``accuracy_by_instance``,
