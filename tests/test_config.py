@@ -29,8 +29,13 @@ def test_paper_presets_follow_the_papers_tables():
     assert paper.clip_value == 10.0
     lstm = resolve_config("copy", "lstm")
     assert (lstm.model, lstm.controller_layers, lstm.controller_size) == ("lstm", 3, 256)
-    ff = resolve_config("associative_recall", "ntm-ff")
-    assert (ff.controller, ff.read_heads, ff.write_heads) == ("feedforward", 4, 4)
+    # Table 2 (feed-forward controller): heads and controller size per task.
+    table2 = {"copy": (1, 100), "repeat_copy": (1, 100), "associative_recall": (4, 256),
+              "ngrams": (1, 100), "priority_sort": (8, 512)}
+    for task, (heads, size) in table2.items():
+        ff = resolve_config(task, "ntm-ff")
+        assert (ff.controller, ff.controller_layers) == ("feedforward", 1), task
+        assert (ff.read_heads, ff.write_heads, ff.controller_size) == (heads, heads, size), task
 
 
 def test_overrides_are_parsed_to_the_fields_types():
