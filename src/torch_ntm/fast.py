@@ -55,13 +55,13 @@ class _Config(NamedTuple):
     write_heads: int  # Hw
     width: int  # M
     shifts: int  # S = 2R + 1
+    blocks: tuple[int, int, int, int]  # widths of the `_BLOCKS`, from `_head_permutation`
     # Keep the addressing intermediates for the backward (best eager), or keep only the cosine
     # similarities and recompute the rest there (best compiled: fused elementwise work is cheaper
     # than more tensors in and out of every step; measured 1.05-1.1x).
     keep: bool = True
     beta_cap: float = 0.0  # soft caps of beta and of gamma - 1 (`layout.soft_cap`; 0: none)
     gamma_cap: float = 0.0
-    blocks: tuple[int, int, int, int] = (0, 0, 0, 0)  # widths of the blocks below (`_BLOCKS`)
 
 
 # ------------------------------------------------------------------------------------------------
