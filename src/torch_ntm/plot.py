@@ -21,6 +21,7 @@ from pathlib import Path
 
 import torch
 
+from torch_ntm.evaluate import HELD_OUT_EPISODES
 from torch_ntm.runlog import read_metrics
 
 __all__ = ["plot_run", "plot_learning_curves"]
@@ -230,14 +231,12 @@ def plot_accuracy(accuracy: dict[int, float], episodes: int, path: Path) -> Path
 @torch.no_grad()
 def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
              size: int | None = None, memory_size: int | None = None, seed: int = 0,
-             episodes: int | None = None) -> list[Path]:
+             episodes: int = HELD_OUT_EPISODES) -> list[Path]:
     """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``);
-    a label task's accuracy figure scores ``episodes`` held-out episodes (default
-    `torch_ntm.evaluate.HELD_OUT_EPISODES`)."""
+    a label task's accuracy figure scores ``episodes`` held-out episodes."""
     from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
     from torch_ntm.evaluate import (
         EVAL_SEED,
-        HELD_OUT_EPISODES,
         evaluate_episodes,
         evaluate_sizes,
         task_objective,
@@ -271,7 +270,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     if memory_size is None and ckpt.config.eval_overrides():  # the run's generalisation memory
         model = ckpt.model(**ckpt.config.eval_overrides()).eval()
     if labels:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` gives it
-        row = evaluate_episodes(model, task, episodes or HELD_OUT_EPISODES, seed=EVAL_SEED)
+        row = evaluate_episodes(model, task, episodes, seed=EVAL_SEED)
         paths.append(plot_accuracy(row["accuracy_by_instance"], row["sequences"],
                                    out / "accuracy.png"))
         return paths
