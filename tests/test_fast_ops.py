@@ -65,6 +65,17 @@ def test_address_backward(keep, r):
           ["memory", "msq", "w_prev", "key", "beta", "gate", "shift", "gamma"])
 
 
+def _flatten(state) -> list:
+    """The tensors of a `fast._State`, its per-layer lists spread out, in field order."""
+    return [t for field in state for t in (field if isinstance(field, list) else [field])]
+
+
+def _map(fn, state):
+    """A `fast._State` of ``fn`` applied to each tensor of ``state``."""
+    return engine._State(*([fn(t) for t in field] if isinstance(field, list) else fn(field)
+                           for field in state))
+
+
 def _unflat(tensors, like):
     """The fields of the state ``like`` from its flat tensors."""
     it = iter(tensors)
@@ -112,22 +123,17 @@ def test_step_backward(options):
 
     # Random gradients for everything the step returns.
     dh_out, dr_out = torch.randn_like(h), torch.randn_like(cur.reads)
-    grads = engine._State(*([torch.randn_like(t) for t in field] if isinstance(field, list)
-                            else torch.randn_like(field) for field in cur))
-    outputs = [h, cur.reads] + [t for field in cur for t in (field if isinstance(field, list)
-                                                              else [field])]
-    out_grads = [dh_out, dr_out] + [t for field in grads for t in (field if isinstance(field, list)
-                                                                   else [field])]
-    prev_leaves = [t for field in prev for t in (field if isinstance(field, list) else [field])]
+    grads = _map(torch.randn_like, cur)
+    outputs = [h, cur.reads] + _flatten(cur)
+    out_grads = [dh_out, dr_out] + _flatten(grads)
+    prev_leaves = _flatten(prev)
     pre_leaves = [xpre] + biases  # layer 0's pre-activation is xpre; deeper layers' add a bias
     reference = _autograd(outputs, prev_leaves + pre_leaves + [bp], out_grads)
 
-    detached = engine._State(*([t.detach() for t in f] if isinstance(f, list) else f.detach()
-                               for f in prev))
-    cur = engine._State(*([t.detach() for t in f] if isinstance(f, list) else f.detach()
-                          for f in cur))
     grads_prev, dpre, draw = engine._step_backward(
-        cfg, TINY, weights, wp, detached, cur, saved, dh_out, dr_out, grads)
+        cfg, TINY, weights, wp, _map(torch.Tensor.detach, prev), _map(torch.Tensor.detach, cur),
+        saved, dh_out, dr_out, grads)
+
     def flat(state):  # msq is |memory rows|^2: compare d memory + 2 memory d msq, its total
         total = state.memory + 2.0 * prev.memory.detach() * state.msq.unsqueeze(1)
         return [*state.h, *state.c, total, state.w_read, state.w_write, state.reads]
