@@ -29,6 +29,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from torch_ntm import functional as ntmf
 from torch_ntm.fast import fast_forward
+from torch_ntm.native import native_forward
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
@@ -42,7 +43,7 @@ MEMORY_INITS = ("constant", "learned", "random")
 # "fast" is `torch_ntm.fast` (fewer, larger ops and a hand-written backward over the sequence),
 # "compiled" is the same with its step functions compiled by `torch.compile` for training, and
 # "eager" is the straightforward loop over `_step` with autograd recording every op.
-ENGINES = ("fast", "compiled", "eager")
+ENGINES = ("fast", "compiled", "native", "eager")
 
 
 class NTMTrace(NamedTuple):
@@ -602,6 +603,8 @@ class NTM(_NTMBase):
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
         # hand-written backward take one dtype (the parameters'), not autocast's mix.
         if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
+            if self.engine == "native":
+                return native_forward(self, x, state)
             compile = self.engine == "compiled" and torch.is_grad_enabled()
             return fast_forward(self, x, state, compile=compile)
         x, state = self._prepare(x, state)

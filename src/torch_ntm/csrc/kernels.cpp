@@ -1,0 +1,770 @@
+// The native engine (see sequence.h and native.py): one NTM step forward and backward for a
+// batch, on raw pointers, looped over the sequence, behind two C functions that native.py calls
+// with the addresses of buffers torch allocated. The same function as
+// `torch_ntm.fast._step` / `_step_backward` (read them side by side: the names match): the
+// controller's and the head layer's matmuls are BLAS calls over the whole batch, and the rest of
+// a step (head activations, addressing, erase and add, reads, the LSTM's gates) plain loops over
+// one batch element's memory, vectorised.
+
+#include "sequence.h"
+
+#include <ATen/Parallel.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <cmath>
+#include <limits>
+#include <type_traits>
+
+namespace torch_ntm {
+namespace {
+
+constexpr double kEps = 1e-8;  // functional.EPS
+
+// ------------------------------------------------------------------------------------------------
+// Small loops. `#pragma omp simd` (with -fopenmp-simd) lets the reductions vectorise.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+inline F dot(const F* a, const F* b, int64_t n) {
+  F acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+template <typename F>
+inline F sum(const F* a, int64_t n) {
+  F acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i];
+  return acc;
+}
+
+template <typename F>
+inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
+
+// Elementwise maps over n values with ATen's vector type (SLEEF's exp, log and tanh, as torch's
+// own CPU kernels use), so that the transcendental functions of a step vectorise too.
+template <typename F>
+using Vec = at::vec::Vectorized<F>;
+
+template <typename F>
+inline Vec<F> vsigmoid(Vec<F> x) { return (Vec<F>(F(1)) + x.neg().exp()).reciprocal(); }
+
+template <typename F, typename Op>
+inline void map1(F* out, const F* a, int64_t n, const Op& op) { at::vec::map(op, out, a, n); }
+
+// y[i] (+)= sum_j x[j] a[j][i] for a [rows, n] row-major: a memory's rows combined (cosine
+// numerators, gradients of weightings). Four vector registers of y at a time stay in registers
+// over all rows, instead of a load and store of y per row.
+template <typename F>
+void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool accumulate) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    V y0 = accumulate ? V::loadu(y + i) : V(F(0));
+    V y1 = accumulate ? V::loadu(y + i + W) : V(F(0));
+    V y2 = accumulate ? V::loadu(y + i + 2 * W) : V(F(0));
+    V y3 = accumulate ? V::loadu(y + i + 3 * W) : V(F(0));
+    for (int64_t j = 0; j < rows; ++j) {
+      const V xj(x[j]);
+      const F* r = a + j * n + i;
+      y0 = at::vec::fmadd(xj, V::loadu(r), y0);
+      y1 = at::vec::fmadd(xj, V::loadu(r + W), y1);
+      y2 = at::vec::fmadd(xj, V::loadu(r + 2 * W), y2);
+      y3 = at::vec::fmadd(xj, V::loadu(r + 3 * W), y3);
+    }
+    y0.store(y + i);
+    y1.store(y + i + W);
+    y2.store(y + i + 2 * W);
+    y3.store(y + i + 3 * W);
+  }
+  for (; i < n; ++i) {
+    F acc = accumulate ? y[i] : F(0);
+    for (int64_t j = 0; j < rows; ++j) acc += x[j] * a[j * n + i];
+    y[i] = acc;
+  }
+}
+
+// out[i] += coef * in[i + offset], rows circular (|offset| < n).
+template <typename F>
+inline void shift_add(F* out, const F* in, F coef, int64_t offset, int64_t n) {
+  const int64_t split = offset >= 0 ? n - offset : -offset;  // where i + offset wraps
+  const int64_t jump = offset >= 0 ? offset - n : offset + n;
+  const int64_t lo = offset >= 0 ? offset : jump, hi = offset >= 0 ? jump : offset;
+#pragma omp simd
+  for (int64_t i = 0; i < split; ++i) out[i] += coef * in[i + lo];
+#pragma omp simd
+  for (int64_t i = split; i < n; ++i) out[i] += coef * in[i + hi];
+}
+
+// sum_i a[i] in[i + offset], rows circular (|offset| < n).
+template <typename F>
+inline F shift_dot(const F* a, const F* in, int64_t offset, int64_t n) {
+  const int64_t split = offset >= 0 ? n - offset : -offset;
+  const int64_t jump = offset >= 0 ? offset - n : offset + n;
+  const int64_t lo = offset >= 0 ? offset : jump, hi = offset >= 0 ? jump : offset;
+  F acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < split; ++i) acc += a[i] * in[i + lo];
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = split; i < n; ++i) acc += a[i] * in[i + hi];
+  return acc;
+}
+
+// F.softplus (threshold 20) and its derivative.
+template <typename F>
+inline F softplus(F x) { return x > F(20) ? x : std::log1p(std::exp(x)); }
+template <typename F>
+inline F softplus_grad(F x) { return x > F(20) ? F(1) : sigmoid(x); }
+
+// ------------------------------------------------------------------------------------------------
+// Head activations (fast._activate_heads) and their backward.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+inline F cap_value(F v, double cap) { return cap == 0 ? v : F(cap) * std::tanh(v / F(cap)); }
+
+// act: the activated head parameters of one batch element, in raw's layout; gamma's slot holds
+// gamma itself (1 + capped softplus).
+template <typename F>
+void activate(const Cfg& c, const F* raw, F* act) {
+  map1(act, raw, c.o_sig, [](Vec<F> x) { return x.tanh(); });
+  map1(act + c.o_sig, raw + c.o_sig, c.o_sp - c.o_sig, vsigmoid<F>);
+  for (int64_t k = 0; k < c.H; ++k) {
+    act[c.beta(k)] = cap_value(softplus(raw[c.beta(k)]), c.beta_cap);
+    act[c.gamma(k)] = F(1) + cap_value(softplus(raw[c.gamma(k)]), c.gamma_cap);
+  }
+  for (int64_t k = 0; k < c.H; ++k) {
+    const F* z = raw + c.shift(k);
+    F* s = act + c.shift(k);
+    F mx = *std::max_element(z, z + c.S);
+    F total = 0;
+    for (int64_t q = 0; q < c.S; ++q) total += (s[q] = std::exp(z[q] - mx));
+    for (int64_t q = 0; q < c.S; ++q) s[q] /= total;
+  }
+}
+
+// draw = d(act)/d(raw) applied to dact (dact of gamma's slot is d/d gamma).
+template <typename F>
+void activate_backward(const Cfg& c, const F* raw, const F* act, const F* dact, F* draw) {
+  for (int64_t p = 0; p < c.o_sig; ++p) draw[p] = dact[p] * (F(1) - act[p] * act[p]);
+  for (int64_t p = c.o_sig; p < c.o_sp; ++p) draw[p] = dact[p] * act[p] * (F(1) - act[p]);
+  for (int64_t k = 0; k < c.H; ++k) {
+    const int64_t pb = c.beta(k), pg = c.gamma(k);
+    F db = dact[pb] * softplus_grad(raw[pb]);
+    if (c.beta_cap) db *= F(1) - (act[pb] / F(c.beta_cap)) * (act[pb] / F(c.beta_cap));
+    F dg = dact[pg] * softplus_grad(raw[pg]);
+    if (c.gamma_cap) {
+      const F v = (act[pg] - F(1)) / F(c.gamma_cap);
+      dg *= F(1) - v * v;
+    }
+    draw[pb] = db;
+    draw[pg] = dg;
+  }
+  for (int64_t k = 0; k < c.H; ++k) {
+    const F* s = act + c.shift(k);
+    const F* ds = dact + c.shift(k);
+    const F inner = dot(ds, s, c.S);
+    for (int64_t q = 0; q < c.S; ++q) draw[c.shift(k) + q] = s[q] * (ds[q] - inner);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Addressing (fast._address, eq. 5-9) of one head of one batch element, and its backward.
+// saved: [4, N] = cos, wc, wg, ws (the shifted weighting before sharpening).
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F* key, F beta,
+             F gate, const F* s, F gamma, F* saved, F* w) {
+  const int64_t M = c.M, N = c.N, R = c.R;
+  F* cos = saved;
+  F* wc = saved + N;
+  F* wg = saved + 2 * N;
+  F* ws = saved + 3 * N;
+  const F ksq = dot(key, key, M) + F(kEps);
+  combine_rows(mem, key, M, N, cos, false);
+  F mx = -std::numeric_limits<F>::infinity();
+#pragma omp simd reduction(max : mx)
+  for (int64_t i = 0; i < N; ++i) {
+    cos[i] /= std::sqrt(ksq * (msq[i] + F(kEps)));
+    mx = std::max(mx, beta * cos[i]);
+  }
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) wc[i] = beta * cos[i] - mx;
+  map1(wc, wc, N, [](Vec<F> v) { return v.exp(); });  // eq. (5)
+  const F inv_total = F(1) / sum(wc, N);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) {
+    wc[i] *= inv_total;
+    wg[i] = w_prev[i] + gate * (wc[i] - w_prev[i]);  // eq. (7)
+  }
+  std::fill(ws, ws + N, F(0));
+  for (int64_t q = 0; q < c.S; ++q) shift_add(ws, wg, s[q], R - q, N);  // eq. (8)
+  F scale = F(c.tiny);
+#pragma omp simd reduction(max : scale)
+  for (int64_t i = 0; i < N; ++i) scale = std::max(scale, ws[i]);
+  // eq. (9): u^gamma = exp(gamma log u), u = ws / scale in [0, 1]; 0 at u = 0.
+  const Vec<F> vscale(scale), vgamma(gamma);
+  map1(w, ws, N, [&](Vec<F> v) { return (vgamma * (v / vscale).log()).exp(); });
+  const F inv = F(1) / sum(w, N);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) w[i] *= inv;
+}
+
+// Gradients of `address` given dw: writes dw_prev, dkey [M], and d beta, gate, s [S], gamma into
+// dact's slots; adds to dmem [M, N] and dmsq [N]. tmp: scratch of 2N.
+template <typename F>
+void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, const F* w_prev,
+                      const F* key, F beta, F gate, const F* s, F gamma, const F* w,
+                      const F* saved, F* dw_prev, F* dkey, F* dbeta, F* dgate, F* ds,
+                      F* dgamma, F* dmem, F* dmsq, F* tmp) {
+  const int64_t M = c.M, N = c.N, R = c.R;
+  const F tiny = F(c.tiny);
+  const F* cos = saved;
+  const F* wc = saved + N;
+  const F* wg = saved + 2 * N;
+  const F* ws = saved + 3 * N;
+  F* dws = tmp;
+  F* dwg = tmp + N;
+  F scale = tiny;
+#pragma omp simd reduction(max : scale)
+  for (int64_t i = 0; i < N; ++i) scale = std::max(scale, ws[i]);
+  // Sharpen: w = p / sum(p), p = u^gamma, u = ws / scale (scale a constant, as in eager).
+  const F inner = dot(dw, w, N);
+  F* u = dwg;  // scratch: u, clamped to tiny (where u = 0, p = 0 and so are these terms)
+  const F inv_scale = F(1) / scale;
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) u[i] = std::max(ws[i] * inv_scale, tiny);
+  F* log_u = dws;
+  map1(log_u, u, N, [](Vec<F> v) { return v.log(); });
+  F dgam = 0;
+#pragma omp simd reduction(+ : dgam)
+  for (int64_t i = 0; i < N; ++i) {
+    const F dpp = w[i] * (dw[i] - inner);  // dL/dp * p
+    dgam += dpp * log_u[i];
+    dws[i] = dpp * gamma / (u[i] * scale);
+  }
+  *dgamma = dgam;
+  // Shift: ds[q] = sum_i dws[i] wg[i + R - q]; dwg[k] = sum_q s[q] dws[k - R + q].
+  std::fill(dwg, dwg + N, F(0));
+  for (int64_t q = 0; q < c.S; ++q) {
+    ds[q] = shift_dot(dws, wg, R - q, N);
+    shift_add(dwg, dws, s[q], q - R, N);
+  }
+  // Interpolation and the content softmax.
+  F dg = 0, sd = 0;
+#pragma omp simd reduction(+ : dg, sd)
+  for (int64_t i = 0; i < N; ++i) {
+    dg += dwg[i] * (wc[i] - w_prev[i]);
+    dw_prev[i] = dwg[i] - gate * dwg[i];
+    sd += gate * dwg[i] * wc[i];
+  }
+  *dgate = dg;
+  const F ksq = dot(key, key, M);
+  F db = 0, tsum = 0;
+  F* ddot = dws;  // reuse
+#pragma omp simd reduction(+ : db, tsum)
+  for (int64_t i = 0; i < N; ++i) {
+    const F dz = wc[i] * (gate * dwg[i] - sd);
+    db += dz * cos[i];
+    const F dcos = dz * beta;
+    ddot[i] = dcos / std::sqrt((ksq + F(kEps)) * (msq[i] + F(kEps)));
+    const F t = dcos * cos[i];
+    tsum += t;
+    dmsq[i] += F(-0.5) * t / (msq[i] + F(kEps));
+  }
+  *dbeta = db;
+  const F dksq = F(-0.5) * tsum / (ksq + F(kEps));
+  for (int64_t j = 0; j < M; ++j) {
+    const F* row = mem + j * N;
+    F* drow = dmem + j * N;
+    const F kj = key[j];
+    dkey[j] = dot(ddot, row, N) + F(2) * kj * dksq;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) drow[i] += kj * ddot[i];
+  }
+}
+
+
+// ------------------------------------------------------------------------------------------------
+// Forward.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+void write_and_read(const Cfg& c, int64_t b, const F* raw, const F* mem_prev, const F* msq_prev,
+                    const F* wr_prev, const F* ww_prev, F* mem, F* msq, F* wr, F* ww, F* reads,
+                    F* addr, F* act, F* keep, F* addv) {
+  const int64_t M = c.M, N = c.N;
+  activate(c, raw, act);
+  if (c.Hw) {
+    for (int64_t k = 0; k < c.Hw; ++k) {
+      address(c, mem_prev, msq_prev, ww_prev + k * N, act + c.key(k), act[c.beta(k)],
+              act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], addr + k * 4 * N, ww + k * N);
+    }
+    // Erase, then add: mem = mem_prev * prod_k (1 - e_k w_k) + sum_k a_k w_k.
+    for (int64_t j = 0; j < M; ++j) {
+      std::fill(keep, keep + N, F(1));
+      std::fill(addv, addv + N, F(0));
+      for (int64_t k = 0; k < c.Hw; ++k) {
+        const F e = act[c.erase(k) + j], a = act[c.add(k) + j];
+        const F* w = ww + k * N;
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) {
+          keep[i] *= F(1) - e * w[i];
+          addv[i] += a * w[i];
+        }
+      }
+      const F* prow = mem_prev + j * N;
+      F* row = mem + j * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) row[i] = prow[i] * keep[i] + addv[i];
+    }
+    std::fill(msq, msq + N, F(0));
+    for (int64_t j = 0; j < M; ++j) {
+      const F* row = mem + j * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) msq[i] += row[i] * row[i];
+    }
+  } else {
+    std::copy(mem_prev, mem_prev + M * N, mem);
+    std::copy(msq_prev, msq_prev + N, msq);
+  }
+  for (int64_t r = 0; r < c.Hr; ++r) {
+    const int64_t k = c.Hw + r;
+    address(c, mem, msq, wr_prev + r * N, act + c.key(k), act[c.beta(k)], act[c.gate(k)],
+            act + c.shift(k), act[c.gamma(k)], addr + k * 4 * N, wr + r * N);
+    for (int64_t j = 0; j < M; ++j) reads[r * M + j] = dot(wr + r * N, mem + j * N, N);
+  }
+}
+
+// Raw pointers into the buffers, and where one step's or one slot's part of each begins.
+// if tb: BLAS's gemm where torch exports it (its MKL), else a plain loop.
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
+            const float*, const int*, const float*, const int*, const float*, float*,
+            const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
+            const double*, const int*, const double*, const int*, const double*, double*,
+            const int*) __attribute__((weak));
+}
+
+template <typename F>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F* b, F beta,
+          F* out) {
+  const int im = m, in = n, ik = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+  const F one = 1;
+  // Column-major BLAS: out^T [n, m] = op(B)^T op(A)^T.
+  const char* opa = ta ? "T" : "N";
+  const char* opb = tb ? "T" : "N";
+  if constexpr (std::is_same_v<F, float>) {
+    if (sgemm_) return sgemm_(opb, opa, &in, &im, &ik, &one, b, &ldb, a, &lda, &beta, out, &ldc);
+  } else {
+    if (dgemm_) return dgemm_(opb, opa, &in, &im, &ik, &one, b, &ldb, a, &lda, &beta, out, &ldc);
+  }
+  // No BLAS exported: the plain loop.
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      F acc = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        acc += (ta ? a[q * m + i] : a[i * k + q]) * (tb ? b[j * k + q] : b[q * n + j]);
+      }
+      out[i * n + j] = beta == F(0) ? acc : beta * out[i * n + j] + acc;  // as BLAS: 0 * NaN
+    }
+  }
+}
+
+// Rows [0, rows) of out [rows, width] set to the row `vec` [width].
+template <typename F>
+void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(vec, vec + width, out + r * width);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Backward.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_prev,
+                    const F* mem, const F* msq, const F* wr_prev, const F* ww_prev,
+                    const F* wr, const F* ww, const F* addr, const F* dr_out, F* dreads,
+                    F* dwr, F* dww, F* dmem, F* draw, F* act, F* dact, F* dmsq, F* tmp,
+                    F* dwt, F* erase_tmp) {
+  const int64_t M = c.M, N = c.N, Hr = c.Hr, Hw = c.Hw;
+  activate(c, raw, act);
+  std::fill(dact, dact + c.P, F(0));
+  // Read: reads[r][j] = sum_i wr[r][i] mem[j][i].
+  std::fill(dmsq, dmsq + N, F(0));
+  for (int64_t r = 0; r < Hr; ++r) {
+    F* dread = dreads + r * M;
+    for (int64_t j = 0; j < M; ++j) dread[j] += dr_out[r * M + j];
+    F* dw = dwt;  // dwr + dreads . mem
+    std::copy(dwr + r * N, dwr + (r + 1) * N, dw);
+    combine_rows(mem, dread, M, N, dw, true);
+    for (int64_t j = 0; j < M; ++j) {
+      const F d = dread[j];
+      F* drow = dmem + j * N;
+      const F* w = wr + r * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) drow[i] += d * w[i];
+    }
+    const int64_t k = Hw + r;
+    address_backward(c, dw, mem, msq, wr_prev + r * N, act + c.key(k), act[c.beta(k)],
+                     act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], wr + r * N,
+                     addr + k * 4 * N, dwr + r * N, dact + c.key(k), dact + c.beta(k),
+                     dact + c.gate(k), dact + c.shift(k), dact + c.gamma(k), dmem, dmsq, tmp);
+  }
+  for (int64_t j = 0; j < M; ++j) {  // msq = sum_j mem[j]^2
+    const F* row = mem + j * N;
+    F* drow = dmem + j * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
+  }
+  if (Hw) {
+    // mem = mem_prev * keep + sum_k a_k w_k, keep = prod_k f_k, f_k = 1 - e_k w_k.
+    for (int64_t k = 0; k < Hw; ++k) std::copy(dww + k * N, dww + (k + 1) * N, dwt + k * N);
+    F* before = erase_tmp;              // [Hw + 1, N]: before[k] = prod_{k' < k} f_k'
+    F* after = erase_tmp + (Hw + 1) * N;  // [N]: prod_{k' > k} f_k'
+    F* dkeep = after + N;                 // [N]
+    for (int64_t k = 0; k < Hw; ++k) combine_rows(dmem, act + c.add(k), M, N, dwt + k * N, true);
+    for (int64_t j = 0; j < M; ++j) {
+      const F* drow = dmem + j * N;
+      const F* prow = mem_prev + j * N;
+      for (int64_t k = 0; k < Hw; ++k) dact[c.add(k) + j] = dot(ww + k * N, drow, N);
+      std::fill(before, before + N, F(1));
+      std::fill(after, after + N, F(1));
+      for (int64_t k = 0; k < Hw; ++k) {
+        const F e = act[c.erase(k) + j];
+        const F* w = ww + k * N;
+        const F* b0 = before + k * N;
+        F* b1 = before + (k + 1) * N;
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) b1[i] = b0[i] * (F(1) - e * w[i]);
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) dkeep[i] = drow[i] * prow[i];
+      for (int64_t k = Hw - 1; k >= 0; --k) {  // d f_k = dkeep * prod of the other f
+        const F e = act[c.erase(k) + j];
+        const F* w = ww + k * N;
+        const F* b0 = before + k * N;
+        F* dw = dwt + k * N;
+        F de = 0;
+#pragma omp simd reduction(+ : de)
+        for (int64_t i = 0; i < N; ++i) {
+          const F df = dkeep[i] * b0[i] * after[i];
+          dw[i] -= df * e;
+          de += df * w[i];
+          after[i] *= F(1) - e * w[i];
+        }
+        dact[c.erase(k) + j] -= de;
+      }
+      F* dprev = dmem + j * N;  // becomes the gradient of mem_prev, in place
+      const F* keep = before + Hw * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) dprev[i] = drow[i] * keep[i];
+    }
+    std::fill(dmsq, dmsq + N, F(0));
+    for (int64_t k = 0; k < Hw; ++k) {
+      address_backward(c, dwt + k * N, mem_prev, msq_prev, ww_prev + k * N, act + c.key(k),
+                       act[c.beta(k)], act[c.gate(k)], act + c.shift(k), act[c.gamma(k)],
+                       ww + k * N, addr + k * 4 * N, dww + k * N, dact + c.key(k),
+                       dact + c.beta(k), dact + c.gate(k), dact + c.shift(k), dact + c.gamma(k),
+                       dmem, dmsq, tmp);
+    }
+    for (int64_t j = 0; j < M; ++j) {
+      const F* row = mem_prev + j * N;
+      F* drow = dmem + j * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
+    }
+  }
+  activate_backward(c, raw, act, dact, draw);
+}
+
+// The gradients carried from step t + 1 back to step t (those of step t's outputs).
+}  // namespace
+
+template <typename F>
+void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
+  const Cfg& c = v.c;
+  const int64_t B = c.B, C = c.C, G = c.gate_size();
+  const int64_t M = c.M, N = c.N;
+  const F* xp = p.xpre;
+  const F* r0 = p.reads0;
+  const F* wpp = p.wp;
+  const F* bpp = p.bp;
+  const std::vector<const F*>& wts = p.weights;
+  const std::vector<const F*>& bs = p.biases;
+  for (int64_t t = 0; t < T; ++t) {
+    const int64_t s0 = keep_all ? t : t % 2, s1 = keep_all ? t + 1 : (t + 1) % 2;
+    const int64_t st = keep_all ? t : 0;
+    // Controller, layer by layer: z = [input, h_prev], then one matmul over the batch.
+    for (int64_t l = 0; l < c.L; ++l) {
+      const int64_t in = c.in_size(l), Z = c.z_size(l);
+      F* z = v.z(l, st);
+      const F* input = l > 0 ? v.h(s1, l - 1) : t == 0 ? r0 : v.reads(t - 1);
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy(input + b * in, input + (b + 1) * in, z + b * Z);
+        if (c.lstm) std::copy(v.h(s0, l) + b * C, v.h(s0, l) + (b + 1) * C, z + b * Z + in);
+      }
+      F* a = v.act(l, st);
+      if (l == 0) {
+        std::copy(xp + t * B * G, xp + (t + 1) * B * G, a);
+      } else {
+        fill_rows(a, bs[l - 1], B, G);
+      }
+      gemm<F>(false, true, B, G, Z, z, wts[l], F(1), a);  // a += z W^T
+      F* hn = v.h(s1, l);
+      if (c.lstm) {  // gates (i, f, o, g), kept activated for the backward
+        const F* cp = v.cell(s0, l);
+        F* cn = v.cell(s1, l);
+        for (int64_t b = 0; b < B; ++b) {
+          F* g = a + b * 4 * C;
+          map1(g, g, 3 * C, vsigmoid<F>);
+          map1(g + 3 * C, g + 3 * C, C, [](Vec<F> x) { return x.tanh(); });
+          const F* cpb = cp + b * C;
+          F* cnb = cn + b * C;
+          F* hnb = hn + b * C;
+#pragma omp simd
+          for (int64_t u = 0; u < C; ++u) cnb[u] = g[C + u] * cpb[u] + g[u] * g[3 * C + u];
+          map1(hnb, cnb, C, [](Vec<F> x) { return x.tanh(); });
+#pragma omp simd
+          for (int64_t u = 0; u < C; ++u) hnb[u] *= g[2 * C + u];
+        }
+      } else {
+        map1(a, a, B * C, [](Vec<F> x) { return x.tanh(); });
+        std::copy(a, a + B * C, hn);
+      }
+    }
+    const F* top = v.h(s1, c.L - 1);
+    std::copy(top, top + B * C, v.hs(t));
+    // Head layer, then each batch element's heads, memory and reads.
+    F* raw = v.raw(st);
+    fill_rows(raw, bpp, B, c.P);
+    gemm<F>(false, true, B, c.P, C, top, wpp, F(1), raw);
+    const F *mp = v.mem(s0), *qp = v.msq(s0), *wrp = v.wr(s0), *wwp = v.ww(s0);
+    F *mn = v.mem(s1), *qn = v.msq(s1), *wrn = v.wr(s1), *wwn = v.ww(s1);
+    F* rd = v.reads(t);
+    F* ad = v.addr(st);
+    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+      std::vector<F> act(c.P), keep(N), addv(N);
+      for (int64_t b = begin; b < end; ++b) {
+        write_and_read(c, b, raw + b * c.P, mp + b * M * N, qp + b * N, wrp + b * c.Hr * N,
+                       wwp + b * c.Hw * N, mn + b * M * N, qn + b * N, wrn + b * c.Hr * N,
+                       wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * 4 * N, act.data(),
+                       keep.data(), addv.data());
+      }
+    });
+  }
+}
+
+template <typename F>
+void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
+              const F* dro_all, Carried<F>& g, const std::vector<F*>& dpres, F* draw_all) {
+  const Cfg& c = v.c;
+  const int64_t B = c.B, C = c.C, M = c.M, N = c.N, G = c.gate_size();
+  const int64_t Hr = c.Hr, Hw = c.Hw;
+  const std::vector<const F*>& wts = p.weights;
+  const F* wpp = p.wp;
+  std::vector<F> dtop(B * C), dlow(B * C), tc(C);
+  std::vector<std::vector<F>> dz;
+  for (int64_t l = 0; l < c.L; ++l) dz.emplace_back(B * c.z_size(l));
+  F *dmem = g.dmem, *dwr = g.dwr, *dww = g.dww, *dreads = g.dreads, *gdh = g.dh, *gdc = g.dc;
+  for (int64_t t = T - 1; t >= 0; --t) {
+    const F* rawp = v.raw(t);
+    const F *mp = v.mem(t), *qp = v.msq(t), *mn = v.mem(t + 1), *qn = v.msq(t + 1);
+    const F *wrp = v.wr(t), *wwp = v.ww(t), *wrn = v.wr(t + 1), *wwn = v.ww(t + 1);
+    const F* ad = v.addr(t);
+    const F* dro = dro_all + t * B * Hr * M;
+    F* drw = draw_all + t * B * c.P;
+    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+      std::vector<F> act(c.P), dact(c.P), dmsq(N), tmp(2 * N), dwt(std::max<int64_t>(Hw, 1) * N),
+          erase_tmp((Hw + 3) * N);
+      for (int64_t b = begin; b < end; ++b) {
+        heads_backward(c, rawp + b * c.P, mp + b * M * N, qp + b * N, mn + b * M * N,
+                       qn + b * N, wrp + b * Hr * N, wwp + b * Hw * N, wrn + b * Hr * N,
+                       wwn + b * Hw * N, ad + b * c.H * 4 * N, dro + b * Hr * M,
+                       dreads + b * Hr * M, dwr + b * Hr * N, dww + b * Hw * N,
+                       dmem + b * M * N, drw + b * c.P, act.data(), dact.data(), dmsq.data(),
+                       tmp.data(), dwt.data(), erase_tmp.data());
+      }
+    });
+    // The top layer's output feeds the head layer (and, for an LSTM, the next step).
+    std::copy(dho + t * B * C, dho + (t + 1) * B * C, dtop.data());
+    gemm<F>(false, false, B, C, c.P, drw, wpp, F(1), dtop.data());  // += draw wp
+    F* dh = dtop.data();
+    for (int64_t l = c.L - 1; l >= 0; --l) {
+      const int64_t in = c.in_size(l), Z = c.z_size(l);
+      F* dgl = gdh + l * B * C;
+      F* dp = dpres[l] + t * B * G;
+      const F* ap = v.act(l, t);
+      if (c.lstm) {
+#pragma omp simd
+        for (int64_t e = 0; e < B * C; ++e) dh[e] += dgl[e];
+        const F* cp = v.cell(t, l);
+        const F* cn = v.cell(t + 1, l);
+        F* dcp = gdc + l * B * C;
+        for (int64_t b = 0; b < B; ++b) {
+          const F* gt = ap + b * 4 * C;  // activated gates (i, f, o, g)
+          F* dg = dp + b * 4 * C;
+          map1(tc.data(), cn + b * C, C, [](Vec<F> x) { return x.tanh(); });
+          const F* tcb = tc.data();
+          const F* cpb = cp + b * C;
+          const F* dhb = dh + b * C;
+          F* dcb = dcp + b * C;
+#pragma omp simd
+          for (int64_t u = 0; u < C; ++u) {
+            const F i = gt[u], f = gt[C + u], o = gt[2 * C + u], gg = gt[3 * C + u];
+            const F d = dhb[u];
+            const F dc = dcb[u] + d * o * (F(1) - tcb[u] * tcb[u]);
+            dg[u] = dc * gg * i * (F(1) - i);
+            dg[C + u] = dc * cpb[u] * f * (F(1) - f);
+            dg[2 * C + u] = d * tcb[u] * o * (F(1) - o);
+            dg[3 * C + u] = dc * i * (F(1) - gg * gg);
+            dcb[u] = dc * f;
+          }
+        }
+      } else {
+#pragma omp simd
+        for (int64_t e = 0; e < B * C; ++e) dp[e] = dh[e] * (F(1) - ap[e] * ap[e]);
+      }
+      F* dzl = dz[l].data();
+      gemm<F>(false, false, B, Z, G, dp, wts[l], F(0), dzl);  // dz = dpre W
+      F* dest = l > 0 ? dlow.data() : dreads;  // the gradient of the layer's input
+      for (int64_t b = 0; b < B; ++b) {
+        std::copy(dzl + b * Z, dzl + b * Z + in, dest + b * in);
+        if (c.lstm) std::copy(dzl + b * Z + in, dzl + (b + 1) * Z, dgl + b * C);
+      }
+      dh = dlow.data();
+    }
+  }
+}
+
+template void forward<float>(const View<float>&, const Params<float>&, int64_t, bool);
+template void forward<double>(const View<double>&, const Params<double>&, int64_t, bool);
+template void backward<float>(const View<float>&, const Params<float>&, int64_t, const float*,
+                              const float*, Carried<float>&, const std::vector<float*>&, float*);
+template void backward<double>(const View<double>&, const Params<double>&, int64_t,
+                               const double*, const double*, Carried<double>&,
+                               const std::vector<double*>&, double*);
+
+}  // namespace torch_ntm
+
+// ------------------------------------------------------------------------------------------------
+// The C entry points, for ctypes: torch (Python) allocates every buffer and passes its address.
+// ------------------------------------------------------------------------------------------------
+
+namespace torch_ntm {
+namespace {
+
+// sizes: T, B, L, C, Hr, Hw, M, N, S, and the widths of the tanh, sigmoid and softplus blocks;
+// reals: beta_cap, gamma_cap, tiny.
+Cfg config(const int64_t* s, const double* reals) {
+  Cfg c;
+  c.B = s[1];
+  c.L = s[2];
+  c.C = s[3];
+  c.Hr = s[4];
+  c.Hw = s[5];
+  c.H = c.Hr + c.Hw;
+  c.M = s[6];
+  c.N = s[7];
+  c.S = s[8];
+  c.R = (c.S - 1) / 2;
+  c.o_sig = s[9];
+  c.o_sp = s[9] + s[10];
+  c.o_sm = c.o_sp + s[11];
+  c.P = c.o_sm + c.H * c.S;
+  c.lstm = s[12] != 0;
+  c.beta_cap = reals[0];
+  c.gamma_cap = reals[1];
+  c.tiny = reals[2];
+  return c;
+}
+
+// Reads addresses from p onwards; returns how many it took.
+template <typename F>
+size_t take(const uintptr_t* p, size_t count, std::vector<F*>& out) {
+  for (size_t i = 0; i < count; ++i) out.push_back(reinterpret_cast<F*>(p[i]));
+  return count;
+}
+
+// The buffers, in the order h, c, mem, msq, wr, ww, hs, reads, raw, addr, z per layer, act per
+// layer (native.py's `_buffers`).
+template <typename F>
+size_t take_view(const uintptr_t* p, View<F>& v) {
+  F** fields[] = {&v.h_,  &v.c_,  &v.mem_,   &v.msq_, &v.wr_,
+                  &v.ww_, &v.hs_, &v.reads_, &v.raw_, &v.addr_};
+  size_t i = 0;
+  for (F** f : fields) *f = reinterpret_cast<F*>(p[i++]);
+  i += take(p + i, v.c.L, v.z_);
+  i += take(p + i, v.c.L, v.act_);
+  return i;
+}
+
+template <typename F>
+void run_forward(const int64_t* sizes, const double* reals, const uintptr_t* p) {
+  View<F> v{config(sizes, reals)};
+  const int64_t L = v.c.L;
+  Params<F> params;
+  params.xpre = reinterpret_cast<const F*>(p[0]);
+  params.wp = reinterpret_cast<const F*>(p[1]);
+  params.bp = reinterpret_cast<const F*>(p[2]);
+  params.reads0 = reinterpret_cast<const F*>(p[3]);
+  size_t i = 4;
+  i += take(p + i, L, params.weights);
+  i += take(p + i, L - 1, params.biases);
+  take_view(p + i, v);
+  forward<F>(v, params, sizes[0], sizes[13] != 0);
+}
+
+template <typename F>
+void run_backward(const int64_t* sizes, const double* reals, const uintptr_t* p) {
+  View<F> v{config(sizes, reals)};
+  const int64_t L = v.c.L;
+  Params<F> params{};
+  params.wp = reinterpret_cast<const F*>(p[0]);
+  size_t i = 1;
+  i += take(p + i, L, params.weights);
+  i += take_view(p + i, v);
+  std::vector<F*> g;
+  i += take(p + i, 8, g);  // dh_out, dreads_out, then the carried dmem, dwr, dww, dreads, dh, dc
+  Carried<F> carried{g[2], g[3], g[4], g[5], g[6], g[7]};
+  std::vector<F*> dpre;
+  i += take(p + i, L, dpre);
+  backward<F>(v, params, sizes[0], g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
+}
+
+}  // namespace
+}  // namespace torch_ntm
+
+extern "C" {
+
+// dtype: 0 float32, 1 float64. Returns 0, or 1 after an exception (none is expected: the caller
+// checks shapes).
+int torch_ntm_forward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
+  try {
+    if (dtype == 0) torch_ntm::run_forward<float>(sizes, reals, p);
+    else torch_ntm::run_forward<double>(sizes, reals, p);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+int torch_ntm_backward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
+  try {
+    if (dtype == 0) torch_ntm::run_backward<float>(sizes, reals, p);
+    else torch_ntm::run_backward<double>(sizes, reals, p);
+    return 0;
+  } catch (...) {
+    return 1;
+  }
+}
+
+}  // extern "C"

@@ -1,0 +1,279 @@
+"""The "native" engine: the whole sequence, forward and backward, as one C++ call each.
+
+`torch_ntm.fast` runs a step as a few dozen tensor ops and loops over the steps in Python;
+compiled, it still calls two graphs per step, with their guards. At the sizes NTMs train at, that
+per-call cost, not arithmetic, is where the time goes. Here the time loop itself is C++
+(``csrc/kernels.cpp``): the controller's and head layer's matmuls are BLAS calls over the batch,
+and the rest of a step (activations, addressing, erase and add, reads, the LSTM's gates, and their
+backward) is vectorised loops over each batch element's memory. torch allocates every buffer
+(`_buffers`) and the C functions fill them; an `autograd.Function` with the inputs of
+`fast._Sequence` wraps the two calls, so the input projection, the output layer and the weight
+gradients (one matmul each over all steps) are the fast engine's.
+
+The library is built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja,
+which ``pip install ninja`` provides; one source file with no torch header but ATen's vector
+type, ~6 s) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``): one build serves every batch size, memory size, sequence length
+and float dtype. Where it cannot be built, or off the CPU, `NTM` runs the fast engine instead and
+logs one line saying why.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import logging
+from pathlib import Path
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+from torch import Tensor
+
+from torch_ntm import fast
+from torch_ntm.layout import NTMState
+
+if TYPE_CHECKING:
+    from torch_ntm.model import NTM
+
+__all__ = ["available", "native_forward"]
+
+_log = logging.getLogger(__name__)
+_CSRC = Path(__file__).parent / "csrc"
+_LIBRARY: dict = {}  # "lib": the ctypes library, or "error": why there is none
+_DTYPES = {torch.float32: 0, torch.float64: 1}
+
+
+def _flags() -> list[str]:
+    # omp simd pragmas only (no OpenMP runtime); errno is never read, and setting it would keep
+    # the loops with a square root from vectorising.
+    flags = ["-O3", "-fopenmp-simd", "-fno-math-errno", f"-I{_CSRC}"]
+    if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
+        # ATen's vector type then takes its AVX2 form (SLEEF's 8-wide exp, log, tanh).
+        flags += ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]
+    return flags
+
+
+def _library():
+    """The ctypes library, building it first if needed (once per process); None if it cannot
+    be built, with the reason in ``_LIBRARY["error"]``."""
+    if not _LIBRARY:
+        try:
+            from torch.utils import cpp_extension
+
+            capability = torch.backends.cpu.get_cpu_capability().lower()
+            path = cpp_extension.load(
+                name=f"torch_ntm_native_{capability}", sources=[str(_CSRC / "kernels.cpp")],
+                extra_cflags=_flags(), extra_include_paths=[str(_CSRC)],
+                is_python_module=False, verbose=False)
+            lib = ctypes.CDLL(path)
+            for fn in (lib.torch_ntm_forward, lib.torch_ntm_backward):
+                fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p]
+                fn.restype = ctypes.c_int
+            _LIBRARY["lib"] = lib
+        except Exception as error:  # no compiler, no ninja, a failed build
+            _LIBRARY["error"] = f"{type(error).__name__}: {str(error).strip().splitlines()[-1]}"
+    return _LIBRARY.get("lib")
+
+
+def available() -> bool:
+    """Whether the native library is built and loaded (building it first if needed)."""
+    return _library() is not None
+
+
+class _Buffers(NamedTuple):
+    """What the forward writes and the backward reads (csrc/sequence.h's `View`): every step's,
+    or for inference two slots of state and one step of intermediates (``hs`` and ``reads``
+    always every step's)."""
+
+    h: Tensor  # [T+1, L, B, C] controller outputs per layer (slot 0: initial)
+    c: Tensor  # [T+1, L, B, C] LSTM cells ([T+1, 0, B, C] feed-forward)
+    mem: Tensor  # [T+1, B, M, N] memory, transposed
+    msq: Tensor  # [T+1, B, N] squared row norms
+    wr: Tensor  # [T+1, B, Hr, N]
+    ww: Tensor  # [T+1, B, Hw, N]
+    hs: Tensor  # [T, B, C] the top layer's output
+    reads: Tensor  # [T, B, Hr, M]
+    raw: Tensor  # [T, B, P] the head layer's output
+    addr: Tensor  # [T, B, H, 4, N] addressing intermediates (cos, wc, wg, ws)
+    z: tuple  # per layer [T, B, in + C | in] the layer's matmul input
+    act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
+
+
+def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor, keep: bool):
+    hr, hw, m, c, layers = cfg.read_heads, cfg.write_heads, cfg.width, cfg.hidden, cfg.layers
+    slots, kept = (steps + 1, steps) if keep else (2, 1)
+    width = 4 * c if cfg.lstm else c
+    heads = hr + hw
+    p = sum(cfg.blocks)
+
+    def new(*shape):
+        return like.new_empty(shape)
+
+    return _Buffers(
+        h=like.new_zeros(slots, layers, batch, c), c=like.new_zeros(slots, layers * cfg.lstm,
+                                                                     batch, c),
+        mem=new(slots, batch, m, rows), msq=new(slots, batch, rows), wr=new(slots, batch, hr, rows),
+        ww=new(slots, batch, hw, rows), hs=new(steps, batch, c), reads=new(steps, batch, hr, m),
+        raw=new(kept, batch, p), addr=new(kept, batch, heads, 4, rows),
+        z=tuple(new(kept, batch, (hr * m if layer == 0 else c) + c * cfg.lstm)
+                for layer in range(layers)),
+        act=tuple(new(kept, batch, width) for _ in range(layers)),
+    )  # fmt: skip
+
+
+def _flat(buf: _Buffers) -> list[Tensor]:
+    return [*buf[:10], *buf.z, *buf.act]
+
+
+def _sizes(cfg: fast._Config, steps: int, buf: _Buffers, keep: bool):
+    _, batch, m, n = buf.mem.shape
+    n_tanh, n_sig, n_sp, _ = cfg.blocks
+    return [steps, batch, cfg.layers, cfg.hidden, cfg.read_heads, cfg.write_heads, m, n,
+            cfg.shifts, n_tanh, n_sig, n_sp, int(cfg.lstm), int(keep)]
+
+
+def _call(name: str, dtype: torch.dtype, sizes: list[int], reals: list[float],
+          tensors: list[Tensor]) -> None:
+    for t in tensors:
+        assert t.is_contiguous() and t.dtype == dtype, (t.shape, t.dtype)
+    sizes_c = (ctypes.c_int64 * len(sizes))(*sizes)
+    reals_c = (ctypes.c_double * len(reals))(*reals)
+    ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    if getattr(_library(), name)(_DTYPES[dtype], sizes_c, reals_c, ptrs) != 0:
+        raise RuntimeError(f"torch_ntm native {name} failed")
+
+
+def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write, reads, h0,
+                 c0, keep: bool) -> _Buffers:
+    """All steps; the state tensors as `_Sequence.forward` takes them (memory ``[B, M, N]``,
+    ``h0, c0 [L, B, C]`` or empty)."""
+    steps, batch = xpre.shape[:2]
+    buf = _buffers(cfg, steps, batch, memory.shape[2], xpre, keep)
+    with torch.no_grad():
+        if cfg.lstm:
+            buf.h[0].copy_(h0)
+            buf.c[0].copy_(c0)
+        buf.mem[0].copy_(memory)
+        buf.msq[0].copy_(memory.square().sum(1))
+        buf.wr[0].copy_(w_read)
+        buf.ww[0].copy_(w_write)
+    tensors = [xpre, wp, bp, reads, *weights, *biases, *_flat(buf)]
+    _call("torch_ntm_forward", xpre.dtype, _sizes(cfg, steps, buf, keep),
+          [cfg.beta_cap, cfg.gamma_cap, tiny], [t.contiguous() for t in tensors])
+    return buf
+
+
+class _NativeSequence(torch.autograd.Function):
+    """`fast._Sequence` computed by the native library: same inputs, outputs and gradients."""
+
+    @staticmethod
+    def forward(ctx, cfg: fast._Config, tiny: float, xpre, wp, bp, memory, w_read, w_write,
+                reads, *rest):
+        n = cfg.layers
+        weights = [w.contiguous() for w in rest[:n]]
+        biases = [b.contiguous() for b in rest[n : 2 * n - 1]]
+        h0, c0 = _initial_controller(cfg, rest[2 * n - 1 :], memory)
+        wp = wp.contiguous()
+        buf = _run_forward(cfg, tiny, xpre.detach().contiguous(), weights, biases, wp,
+                           bp.contiguous(), memory, w_read, w_write, reads.contiguous(), h0, c0,
+                           keep=True)
+        ctx.set_materialize_grads(False)
+        ctx.cfg, ctx.tiny = cfg, tiny
+        ctx.save_for_backward(wp, *weights, *_flat(buf))
+        out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
+        if cfg.lstm:
+            out += [buf.h[-1], buf.c[-1]]
+        return tuple(t.clone() for t in out)  # no output is a view of what backward keeps
+
+    @staticmethod
+    def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
+        cfg, n = ctx.cfg, ctx.cfg.layers
+        wp, *rest = ctx.saved_tensors
+        weights, flat = rest[:n], rest[n:]
+        buf = _Buffers(*flat[:10], tuple(flat[10 : 10 + n]), tuple(flat[10 + n :]))
+        steps, batch = buf.hs.shape[:2]
+
+        def carried(g, like):  # a fresh contiguous copy: the library updates it in place
+            return torch.zeros_like(like) if g is None else g.clone(
+                memory_format=torch.contiguous_format)
+
+        grads = [
+            torch.zeros_like(buf.hs) if dhs_out is None else dhs_out.contiguous(),
+            torch.zeros_like(buf.reads) if dreads_out is None else dreads_out.contiguous(),
+            carried(dmem, buf.mem[-1]), carried(dwr, buf.wr[-1]), carried(dww, buf.ww[-1]),
+            torch.zeros_like(buf.reads[0]), carried(dh_last, buf.h[-1][: n * cfg.lstm]),
+            carried(dc_last, buf.c[-1]),
+        ]  # fmt: skip
+        dpres = [wp.new_empty(steps, batch, w.shape[0]) for w in weights]
+        draw = wp.new_empty(steps, batch, wp.shape[0])
+        _call("torch_ntm_backward", wp.dtype, _sizes(cfg, steps, buf, True),
+              [cfg.beta_cap, cfg.gamma_cap, ctx.tiny],
+              [wp, *weights, *_flat(buf), *grads, *dpres, draw])
+        dmem0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
+        # Weight gradients: one matmul over all T*B rows each.
+        dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
+        dweights = [d.flatten(0, 1).t() @ z.flatten(0, 1) for d, z in zip(dpres, buf.z)]
+        dbiases = [d.sum((0, 1)) for d in dpres[1:]]
+        controller = (*dh0.unbind(0), *dc0.unbind(0)) if cfg.lstm else ()
+        return (None, None, dpres[0], dwp, draw.sum((0, 1)), dmem0, dwr0, dww0, dreads0,
+                *dweights, *dbiases, *controller)
+
+
+def _initial_controller(cfg: fast._Config, hc: tuple, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The LSTM's initial ``h, c [L, B, C]`` from their per-layer list; empty for feed-forward."""
+    if cfg.lstm:
+        n = cfg.layers
+        return torch.stack(hc[:n]).detach(), torch.stack(hc[n:]).detach()
+    empty = like.new_zeros(0, like.shape[0], cfg.hidden)
+    return empty, empty
+
+
+_WARNED: set = set()
+
+
+def _fallback_reason(x: Tensor) -> str | None:
+    if x.device.type != "cpu":
+        return f"it runs on the CPU only, not {x.device.type}"
+    if x.dtype not in _DTYPES:
+        return f"it computes in float32 or float64, not {x.dtype}"
+    if not available():
+        return f"its C++ library could not be built ({_LIBRARY['error']})"
+    return None
+
+
+def native_forward(model: NTM, x: Tensor, state: NTMState | None = None
+                   ) -> tuple[Tensor, NTMState]:
+    """``model(x, state)`` by the native engine (`NTM.forward` dispatches here for
+    ``engine="native"``); by the fast engine where the native one cannot run."""
+    reason = _fallback_reason(x)
+    if reason is not None:
+        if reason not in _WARNED:
+            _WARNED.add(reason)
+            _log.warning("engine 'native' runs as 'fast': %s", reason)
+        return fast.fast_forward(model, x, state)
+    layout = fast._layout(model, x.device, False)
+    cfg = layout.cfg
+    x, state = model._prepare(x, state)
+    xpre, weights, biases, wp, bp = fast._parameters(layout, model, x)
+    tiny = torch.finfo(x.dtype).tiny
+    h0 = list(state.controller[0].unbind(0)) if cfg.lstm else []
+    c0 = list(state.controller[1].unbind(0)) if cfg.lstm else []
+    memory = state.memory.transpose(1, 2)  # [B, M, N], as the fast engine keeps it
+    inputs = (xpre, wp, bp, memory, state.read_weights, state.write_weights, state.reads,
+              *weights, *biases, *h0, *c0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        out = _NativeSequence.apply(cfg, tiny, *inputs)
+        hs, reads, memory, w_read, w_write = out[:5]
+        controller = tuple(out[5:])
+    else:
+        h, c = _initial_controller(cfg, (*h0, *c0), memory)
+        buf = _run_forward(cfg, tiny, xpre.contiguous(), [w.contiguous() for w in weights],
+                           [b.contiguous() for b in biases], wp.contiguous(), bp.contiguous(),
+                           memory, state.read_weights, state.write_weights,
+                           state.reads.contiguous(), h, c, keep=False)
+        last = x.shape[0] % 2  # two slots of state: the final one in slot T % 2
+        hs, reads = buf.hs, buf.reads
+        memory, w_read, w_write = buf.mem[last], buf.wr[last], buf.ww[last]
+        controller = (buf.h[last], buf.c[last]) if cfg.lstm else ()
+    logits = model.output(torch.cat([hs, reads.flatten(2)], dim=-1))
+    final = NTMState(controller, memory.transpose(1, 2), w_read, w_write, reads[-1])
+    return (logits.transpose(0, 1) if model.batch_first else logits), final

@@ -1,0 +1,149 @@
+"""The native engine computes exactly `NTM.forward`: outputs, final state and every gradient, in
+every configuration the fast engine is tested in, with and without gradients."""
+
+import logging
+
+import pytest
+import torch
+from test_fast import CONFIGS, _assert_same, _eager, _loss, _model_and_input, _run
+
+from torch_ntm import NTM, native
+
+pytestmark = pytest.mark.skipif(
+    not native.available(), reason=f"native library not built: {native._LIBRARY.get('error')}")
+
+
+def _native(model):
+    model.engine = "native"
+    return model
+
+
+@pytest.mark.parametrize("name", sorted(CONFIGS))
+@pytest.mark.parametrize("batch,steps", [(1, 4), (3, 7)])
+def test_matches_eager_float64(name, batch, steps):
+    model, x = _model_and_input(CONFIGS[name], torch.float64, batch, steps)
+    eager = _run(_eager(model), model, x)
+    _assert_same(eager, _run(_native(model), model, x), rtol=1e-10, atol=1e-12)
+
+
+def test_matches_eager_at_unequal_sizes_past_the_vector_width():
+    # 37 rows: vector loops of 8 and 32 with a tail; batch 5 and 3 heads of each kind.
+    torch.manual_seed(0)
+    model = NTM(6, 4, controller_size=11, memory_size=37, memory_width=5, read_heads=3,
+                write_heads=3, shift_range=3, dtype=torch.float64)
+    x = torch.randn(6, 5, 6, dtype=torch.float64)
+    _assert_same(_run(_eager(model), model, x), _run(_native(model), model, x),
+                 rtol=1e-10, atol=1e-12)
+
+
+def test_matches_eager_float32_paper_model():
+    torch.manual_seed(1)
+    model = NTM(9, 8)  # the copy model of the paper: LSTM 100, memory 128 x 20
+    x = torch.randint(0, 2, (41, 3, 9)).float()
+    eager = _run(_eager(model), model, x)
+    _assert_same(eager, _run(_native(model), model, x), rtol=1e-4, atol=1e-5)
+
+
+def test_carried_state_equals_one_pass():
+    model, x = _model_and_input(CONFIGS["deep-lstm"], torch.float64, 3, 9)
+    whole = _run(_eager(model), model, x)
+    _native(model)
+
+    def in_two(x, state):
+        y1, s1 = model(x[:4], state)
+        y2, s2 = model(x[4:], s1)
+        return torch.cat([y1, y2]), s2
+
+    _assert_same(whole, _run(in_two, model, x), rtol=1e-10, atol=1e-12)
+
+
+def test_given_state_gets_gradients():
+    model, x = _model_and_input({}, torch.float64, 2, 5)
+    state = model.initial_state(2)
+    memory = (state.memory + 0.1 * torch.randn_like(state.memory)).requires_grad_()
+    controller = tuple(t.detach().clone().requires_grad_() for t in state.controller)
+    given = state._replace(memory=memory, controller=controller)
+    grads = []
+    for fn in (_eager(model), _native(model)):
+        logits, final = fn(x, given)
+        grads.append(torch.autograd.grad(_loss(logits, final), [memory, *controller]))
+    for g_native, g_eager in zip(*grads[::-1]):
+        torch.testing.assert_close(g_native, g_eager, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("steps", [4, 5])  # the final state in either of the two slots
+@pytest.mark.parametrize("name", ["deep-lstm", "feedforward"])
+def test_inference_keeps_two_slots_and_matches(name, steps):
+    model, x = _model_and_input(CONFIGS[name], torch.float64, 2, steps)
+    expected, expected_state = _eager(model)(x)
+    _native(model)
+    for mode in (torch.no_grad, torch.inference_mode):
+        with mode():
+            logits, state = model(x)
+        torch.testing.assert_close(logits, expected.detach())
+        torch.testing.assert_close(state.memory, expected_state.memory.detach())
+        for u, v in zip(state.controller, expected_state.controller):
+            torch.testing.assert_close(u, v.detach())
+
+
+def test_gradcheck_through_input_and_memory():
+    model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 2, 3)
+    _native(model)
+    state = model.initial_state(2)
+    memory = (state.memory + 0.3 * torch.randn_like(state.memory)).requires_grad_()
+    x = x.requires_grad_()
+
+    def fn(x, memory):
+        logits, final = model(x, state._replace(memory=memory))
+        return logits, final.memory, final.read_weights
+
+    assert torch.autograd.gradcheck(fn, (x, memory))
+
+
+def test_no_nan_with_one_hot_weightings():
+    model, x = _model_and_input({}, torch.float64, 2, 6)
+    with torch.no_grad():
+        model.head_params.bias.fill_(60.0)  # huge beta and gamma: exactly one-hot weightings
+    result = _run(_native(model), model, x)
+    assert all(torch.isfinite(g).all() for g in result[3].values())
+    _assert_same(_run(_eager(model), model, x), result, rtol=1e-8, atol=1e-10)
+
+
+def test_zero_memory_and_zero_keys_stay_finite():
+    model, x = _model_and_input({}, torch.float64, 2, 4)
+    with torch.no_grad():
+        model.head_params.weight.zero_()
+        model.head_params.bias.zero_()  # keys tanh(0) = 0, gamma = 1 + softplus(0)
+
+    def from_zero_memory(fn):
+        def run(x, state=None):
+            state = model.initial_state(2)
+            return fn(x, state._replace(memory=torch.zeros_like(state.memory)))
+        return run
+
+    result = _run(from_zero_memory(_native(model)), model, x)
+    assert torch.isfinite(result[1]).all()
+    assert all(torch.isfinite(g).all() for g in result[3].values())
+    _assert_same(_run(from_zero_memory(_eager(model)), model, x), result,
+                 rtol=1e-10, atol=1e-12)
+
+
+def test_falls_back_to_fast_with_one_line_when_it_cannot_build(monkeypatch, caplog):
+    model, x = _model_and_input({}, torch.float64, 2, 4)
+    expected = _run(_eager(model), model, x)
+    monkeypatch.setattr(native, "_LIBRARY", {"error": "CalledProcessError: no compiler"})
+    monkeypatch.setattr(native, "_WARNED", set())
+    with caplog.at_level(logging.WARNING, logger="torch_ntm.native"):
+        first = _run(_native(model), model, x)
+        _run(model, model, x)
+    assert [r.getMessage() for r in caplog.records] == [
+        "engine 'native' runs as 'fast': its C++ library could not be built "
+        "(CalledProcessError: no compiler)"]
+    _assert_same(expected, first, rtol=1e-10, atol=1e-12)
+
+
+def test_other_dtypes_fall_back_to_fast(monkeypatch):
+    monkeypatch.setattr(native, "_WARNED", set())
+    model, x = _model_and_input({}, torch.bfloat16, 2, 3)
+    logits, _ = _native(model)(x)
+    assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
