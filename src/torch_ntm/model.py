@@ -29,8 +29,8 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 
 from torch_ntm import functional as ntmf
 from torch_ntm.fast import fast_forward
-from torch_ntm.native import native_forward
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
+from torch_ntm.native import native_forward
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
