@@ -76,7 +76,8 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
     (["train", "copy", "--preset", "huge"], "ntm: error: unknown preset 'huge' for task 'copy'"),
     (["evaluate", "/nonexistent/run"], "ntm: error: /nonexistent/run: no such checkpoint"),
     (["train", "copy", "--set", "engine=turbo"],
-     "ntm: error: --set: engine='turbo' is not valid; valid choices: fast, compiled, eager"),
+     "ntm: error: --set: engine='turbo' is not valid; valid choices: fast, compiled, native, "
+     "eager"),
     (["train", "copy", "--set", "controller=gru"],
      "ntm: error: the model cannot be built from this config: unknown controller 'gru'; valid "
      "choices: feedforward, lstm"),
@@ -100,7 +101,7 @@ def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert ("ntm bench: error: argument --engines: expected comma-separated engines from fast, "
-            "compiled, eager, got 'fast,turbo'") in err and "Traceback" not in err
+            "compiled, native, eager, got 'fast,turbo'") in err and "Traceback" not in err
 
 
 def test_resume_refuses_to_change_the_model(trained, capsys):

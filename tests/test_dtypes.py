@@ -27,7 +27,8 @@ def run(ntm, x):
 
 @pytest.mark.parametrize("engine, dtype", [
     *((e, d) for e in ("eager", "fast") for d in (torch.float32, torch.float64, torch.bfloat16)),
-    ("compiled", torch.float64)])  # one compilation (~20 s); test_fast compiles float32
+    ("compiled", torch.float64),  # one compilation (~20 s); test_fast compiles float32
+    *(("native", d) for d in (torch.float32, torch.float64, torch.bfloat16))])  # bf16: as fast
 def test_each_dtype_runs_on_each_engine_like_a_float64_model(engine, dtype):
     x = torch.rand(7, 3, 6, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
     reference, ref_grads = run(model("eager", torch.float64), x)

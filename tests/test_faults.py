@@ -567,7 +567,7 @@ def test_sigkill_inside_a_save_then_resume_is_bit_identical(tmp_path, uninterrup
 
 # -- Python API: the wrong dtype or state is a clear ValueError --------------------------------
 
-@pytest.mark.parametrize("engine", ["fast", "eager", "compiled"])
+@pytest.mark.parametrize("engine", ["fast", "eager", "compiled", "native"])
 @pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16", "float64"])
 def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
     import torch

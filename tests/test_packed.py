@@ -37,8 +37,8 @@ def _pick(state: NTMState, i: int) -> NTMState:
 
 
 @pytest.mark.parametrize("engine, controller", [
-    ("eager", "lstm"), ("fast", "lstm"), ("compiled", "lstm"), ("eager", "feedforward"),
-    ("fast", "feedforward")])
+    ("eager", "lstm"), ("fast", "lstm"), ("compiled", "lstm"), ("native", "lstm"),
+    ("eager", "feedforward"), ("fast", "feedforward"), ("native", "feedforward")])
 def test_packed_equals_each_sequence_alone_values_and_gradients(engine, controller):
     ntm = model(engine, controller=controller, controller_layers=2 if controller == "lstm" else 1)
     seqs = sequences()

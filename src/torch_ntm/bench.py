@@ -29,8 +29,9 @@ from torch_ntm.tasks import CopyTask
 
 __all__ = ["run_bench", "format_table", "DEFAULT_ENGINES"]
 
-# Measured unless asked otherwise: what training runs by default, against the plain loop.
-DEFAULT_ENGINES = ("compiled", "eager")
+# Measured unless asked otherwise: what training runs by default, the engine it ran before, and
+# the plain loop.
+DEFAULT_ENGINES = ("native", "compiled", "eager")
 
 
 def _compiled_graphs() -> int:
@@ -102,7 +103,8 @@ def run_bench(
         memory_sizes: memory rows N to measure (memory width 20, the paper's copy model).
         steps: timed calls per repeat (training steps, and inference passes).
         device: where the model and data live.
-        engines: any of `torch_ntm.model.ENGINES` (``"compiled"``, ``"fast"``, ``"eager"``).
+        engines: any of `torch_ntm.model.ENGINES` (``"native"``, ``"compiled"``, ``"fast"``,
+            ``"eager"``).
         threads: ``torch.set_num_threads`` for the run (restored after); None keeps the current.
         repeats: interleaved repeats; the reported figures are medians over them.
         seed: seed of the parameters and of the data.

@@ -129,7 +129,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="training and inference throughput of each engine")
     p.add_argument("--engines", type=_engine_list, default=None, metavar="E1,E2,...",
-                   help="engines to measure (default compiled,eager)")
+                   help="engines to measure (default native,compiled,eager)")
     p.add_argument("--batch-size", type=_int_list, default=None, metavar="B1,B2,...")
     p.add_argument("--seq-len", type=int, default=20)
     p.add_argument("--memory-size", type=_int_list, default=None, metavar="N1,N2,...")

@@ -53,9 +53,10 @@ class TrainConfig(NTMOptions):
     model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline) or "mann"
     max_beta: float = 0.0
     max_gamma: float = 0.0
-    # NTM.forward's engine: "compiled", "fast" or "eager" (same function). The MANN has only its
-    # eager loop, so a "mann" config must say "eager"; the LSTM baseline ignores it.
-    engine: str = "compiled"
+    # NTM.forward's engine: "native", "compiled", "fast" or "eager" (same function; "native" runs
+    # as "compiled" on a GPU). The MANN has only its eager loop, so a "mann" config must say
+    # "eager"; the LSTM baseline ignores it.
+    engine: str = "native"
     # MANN only (the fields of `MANNOptions` that `NTMOptions` lacks; see `torch_ntm.mann.MANN`).
     usage_decay: float = MANNOptions.usage_decay
     write_vector: str = MANNOptions.write_vector

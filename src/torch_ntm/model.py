@@ -41,8 +41,10 @@ MEMORY_INIT_CONSTANT = 1e-6
 MEMORY_INITS = ("constant", "learned", "random")
 # How `NTM.forward` computes the sequence (the same function, to float rounding, on every engine):
 # "fast" is `torch_ntm.fast` (fewer, larger ops and a hand-written backward over the sequence),
-# "compiled" is the same with its step functions compiled by `torch.compile` for training, and
-# "eager" is the straightforward loop over `_step` with autograd recording every op.
+# "compiled" is the same with its step functions compiled by `torch.compile` for training,
+# "native" is `torch_ntm.native` (the fast engine's computation as one C++ call per sequence,
+# forward and backward), and "eager" is the straightforward loop over `_step` with autograd
+# recording every op.
 ENGINES = ("fast", "compiled", "native", "eager")
 
 
@@ -479,7 +481,11 @@ class NTM(_NTMBase):
             ``"compiled"`` also compiles the training step with `torch.compile` (3.6-7.5x the
             eager loop in ``ntm bench``; ~25 s of compilation per batch and memory size, seconds
             once cached on disk; inference under ``no_grad`` runs the uncompiled fast step, as its
-            batch and memory sizes vary); ``"eager"`` loops over the step with plain autograd
+            batch and memory sizes vary); ``"native"`` runs the whole sequence, forward and
+            backward, as one C++ call each (`torch_ntm.native`: the fastest on a CPU, training
+            and inference; a library built once per machine in seconds, for every size and
+            float32/float64; elsewhere it runs as ``"compiled"`` on a GPU and ``"fast"``
+            otherwise, saying so); ``"eager"`` loops over the step with plain autograd
             (needed for double backward and `torch.func` transforms). `trace` is always eager,
             and so is `forward` under `torch.autocast` (bfloat16 or float16 mixed precision).
             May be changed on a built module by assigning ``ntm.engine``.

@@ -14,8 +14,8 @@ The library is built on first use with `torch.utils.cpp_extension` (a C++ compil
 which ``pip install ninja`` provides; one source file with no torch header but ATen's vector
 type, ~6 s) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``): one build serves every batch size, memory size, sequence length
-and float dtype. Where it cannot be built, or off the CPU, `NTM` runs the fast engine instead and
-logs one line saying why.
+and float dtype. Where it cannot be built, or for another dtype, `NTM` runs the fast engine
+instead, and on a GPU the compiled one, logging one line saying why.
 """
 
 from __future__ import annotations
@@ -86,14 +86,15 @@ class _Buffers(NamedTuple):
 
     h: Tensor  # [T+1, L, B, C] controller outputs per layer (slot 0: initial)
     c: Tensor  # [T+1, L, B, C] LSTM cells ([T+1, 0, B, C] feed-forward)
-    mem: Tensor  # [T+1, B, M, N] memory, transposed
     msq: Tensor  # [T+1, B, N] squared row norms
     wr: Tensor  # [T+1, B, Hr, N]
     ww: Tensor  # [T+1, B, Hw, N]
     hs: Tensor  # [T, B, C] the top layer's output
     reads: Tensor  # [T, B, Hr, M]
     raw: Tensor  # [T, B, P] the head layer's output
-    addr: Tensor  # [T, B, H, 4, N] addressing intermediates (cos, wc, wg, ws)
+    # The two largest, one tensor per slot or step (see csrc/sequence.h's View):
+    mem: tuple  # T+1 of [B, M, N] memory, transposed
+    addr: tuple  # T of [B, H, 4, N] addressing intermediates (cos, wc, wg, ws)
     z: tuple  # per layer [T, B, in + C | in] the layer's matmul input
     act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
 
@@ -111,9 +112,10 @@ def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor,
     return _Buffers(
         h=like.new_zeros(slots, layers, batch, c), c=like.new_zeros(slots, layers * cfg.lstm,
                                                                      batch, c),
-        mem=new(slots, batch, m, rows), msq=new(slots, batch, rows), wr=new(slots, batch, hr, rows),
+        msq=new(slots, batch, rows), wr=new(slots, batch, hr, rows),
         ww=new(slots, batch, hw, rows), hs=new(steps, batch, c), reads=new(steps, batch, hr, m),
-        raw=new(kept, batch, p), addr=new(kept, batch, heads, 4, rows),
+        raw=new(kept, batch, p), mem=tuple(new(batch, m, rows) for _ in range(slots)),
+        addr=tuple(new(batch, heads, 4, rows) for _ in range(kept)),
         z=tuple(new(kept, batch, (hr * m if layer == 0 else c) + c * cfg.lstm)
                 for layer in range(layers)),
         act=tuple(new(kept, batch, width) for _ in range(layers)),
@@ -121,11 +123,11 @@ def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor,
 
 
 def _flat(buf: _Buffers) -> list[Tensor]:
-    return [*buf[:10], *buf.z, *buf.act]
+    return [*buf[:8], *buf.mem, *buf.addr, *buf.z, *buf.act]
 
 
 def _sizes(cfg: fast._Config, steps: int, buf: _Buffers, keep: bool):
-    _, batch, m, n = buf.mem.shape
+    batch, m, n = buf.mem[0].shape
     n_tanh, n_sig, n_sp, _ = cfg.blocks
     return [steps, batch, cfg.layers, cfg.hidden, cfg.read_heads, cfg.write_heads, m, n,
             cfg.shifts, n_tanh, n_sig, n_sp, int(cfg.lstm), int(keep)]
@@ -177,7 +179,7 @@ class _NativeSequence(torch.autograd.Function):
                            bp.contiguous(), memory, w_read, w_write, reads.contiguous(), h0, c0,
                            keep=True)
         ctx.set_materialize_grads(False)
-        ctx.cfg, ctx.tiny = cfg, tiny
+        ctx.cfg, ctx.tiny, ctx.steps = cfg, tiny, xpre.shape[0]
         ctx.save_for_backward(wp, *weights, *_flat(buf))
         out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
         if cfg.lstm:
@@ -189,8 +191,11 @@ class _NativeSequence(torch.autograd.Function):
         cfg, n = ctx.cfg, ctx.cfg.layers
         wp, *rest = ctx.saved_tensors
         weights, flat = rest[:n], rest[n:]
-        buf = _Buffers(*flat[:10], tuple(flat[10 : 10 + n]), tuple(flat[10 + n :]))
-        steps, batch = buf.hs.shape[:2]
+        steps = ctx.steps
+        mem, rest = flat[8 : 8 + steps + 1], flat[8 + steps + 1 :]
+        buf = _Buffers(*flat[:8], tuple(mem), tuple(rest[:steps]), tuple(rest[steps : steps + n]),
+                       tuple(rest[steps + n :]))
+        batch = buf.hs.shape[1]
 
         def carried(g, like):  # a fresh contiguous copy: the library updates it in place
             return torch.zeros_like(like) if g is None else g.clone(
@@ -230,26 +235,30 @@ def _initial_controller(cfg: fast._Config, hc: tuple, like: Tensor) -> tuple[Ten
 _WARNED: set = set()
 
 
-def _fallback_reason(x: Tensor) -> str | None:
-    if x.device.type != "cpu":
-        return f"it runs on the CPU only, not {x.device.type}"
+def _fallback(x: Tensor) -> tuple[str, str] | None:
+    """The engine to run instead of the native one, and why; None if the native one runs."""
+    if x.device.type != "cpu":  # torch.compile generates GPU kernels there
+        return "compiled", f"it runs on the CPU only, not {x.device.type}"
     if x.dtype not in _DTYPES:
-        return f"it computes in float32 or float64, not {x.dtype}"
-    if not available():
-        return f"its C++ library could not be built ({_LIBRARY['error']})"
+        return "fast", f"it computes in float32 or float64, not {x.dtype}"
+    if not available():  # then torch.compile, which needs a compiler too, may not work either
+        return "fast", f"its C++ library could not be built ({_LIBRARY['error']})"
     return None
 
 
 def native_forward(model: NTM, x: Tensor, state: NTMState | None = None
                    ) -> tuple[Tensor, NTMState]:
     """``model(x, state)`` by the native engine (`NTM.forward` dispatches here for
-    ``engine="native"``); by the fast engine where the native one cannot run."""
-    reason = _fallback_reason(x)
-    if reason is not None:
-        if reason not in _WARNED:
-            _WARNED.add(reason)
-            _log.warning("engine 'native' runs as 'fast': %s", reason)
-        return fast.fast_forward(model, x, state)
+    ``engine="native"``); where the native one cannot run, by the compiled engine on a GPU and the
+    fast one otherwise, saying so once."""
+    fallback = _fallback(x)
+    if fallback is not None:
+        engine, reason = fallback
+        if fallback not in _WARNED:
+            _WARNED.add(fallback)
+            _log.warning("engine 'native' runs as '%s': %s", engine, reason)
+        compile = engine == "compiled" and torch.is_grad_enabled()
+        return fast.fast_forward(model, x, state, compile=compile)
     layout = fast._layout(model, x.device, False)
     cfg = layout.cfg
     x, state = model._prepare(x, state)

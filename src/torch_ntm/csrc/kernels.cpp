@@ -28,8 +28,29 @@ constexpr double kEps = 1e-8;  // functional.EPS
 // ------------------------------------------------------------------------------------------------
 
 template <typename F>
+using Vec = at::vec::Vectorized<F>;
+
+template <typename F>
 inline F dot(const F* a, const F* b, int64_t n) {
   F acc = 0;
+  if (n >= 4 * Vec<F>::size()) {
+    using V = Vec<F>;
+    constexpr int64_t W = V::size();
+    V s0(F(0)), s1(F(0)), s2(F(0)), s3(F(0));
+    int64_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+      s0 = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), s0);
+      s1 = at::vec::fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
+      s2 = at::vec::fmadd(V::loadu(a + i + 2 * W), V::loadu(b + i + 2 * W), s2);
+      s3 = at::vec::fmadd(V::loadu(a + i + 3 * W), V::loadu(b + i + 3 * W), s3);
+    }
+    F lanes[W];
+    ((s0 + s1) + (s2 + s3)).store(lanes);
+    for (int64_t l = 0; l < W; ++l) acc += lanes[l];
+    a += i;
+    b += i;
+    n -= i;
+  }
 #pragma omp simd reduction(+ : acc)
   for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
   return acc;
@@ -43,13 +64,27 @@ inline F sum(const F* a, int64_t n) {
   return acc;
 }
 
+// max(init, a[0], ..., a[n-1]), vectorised (std::max in a loop is not: its NaN rule).
+template <typename F>
+inline F max_of(const F* a, int64_t n, F init) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  V m(init);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) m = at::vec::maximum(m, V::loadu(a + i));
+  F lanes[W];
+  m.store(lanes);
+  F out = init;
+  for (int64_t l = 0; l < W; ++l) out = lanes[l] > out ? lanes[l] : out;
+  for (; i < n; ++i) out = a[i] > out ? a[i] : out;
+  return out;
+}
+
 template <typename F>
 inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
 
 // Elementwise maps over n values with ATen's vector type (SLEEF's exp, log and tanh, as torch's
 // own CPU kernels use), so that the transcendental functions of a step vectorise too.
-template <typename F>
-using Vec = at::vec::Vectorized<F>;
 
 template <typename F>
 inline Vec<F> vsigmoid(Vec<F> x) { return (Vec<F>(F(1)) + x.neg().exp()).reciprocal(); }
@@ -189,14 +224,14 @@ void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F*
   F* ws = saved + 3 * N;
   const F ksq = dot(key, key, M) + F(kEps);
   combine_rows(mem, key, M, N, cos, false);
-  F mx = -std::numeric_limits<F>::infinity();
-#pragma omp simd reduction(max : mx)
+#pragma omp simd
   for (int64_t i = 0; i < N; ++i) {
     cos[i] /= std::sqrt(ksq * (msq[i] + F(kEps)));
-    mx = std::max(mx, beta * cos[i]);
+    wc[i] = beta * cos[i];
   }
+  const F mx = max_of(wc, N, -std::numeric_limits<F>::infinity());
 #pragma omp simd
-  for (int64_t i = 0; i < N; ++i) wc[i] = beta * cos[i] - mx;
+  for (int64_t i = 0; i < N; ++i) wc[i] -= mx;
   map1(wc, wc, N, [](Vec<F> v) { return v.exp(); });  // eq. (5)
   const F inv_total = F(1) / sum(wc, N);
 #pragma omp simd
@@ -206,9 +241,7 @@ void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F*
   }
   std::fill(ws, ws + N, F(0));
   for (int64_t q = 0; q < c.S; ++q) shift_add(ws, wg, s[q], R - q, N);  // eq. (8)
-  F scale = F(c.tiny);
-#pragma omp simd reduction(max : scale)
-  for (int64_t i = 0; i < N; ++i) scale = std::max(scale, ws[i]);
+  const F scale = max_of(ws, N, F(c.tiny));
   // eq. (9): u^gamma = exp(gamma log u), u = ws / scale in [0, 1]; 0 at u = 0.
   const Vec<F> vscale(scale), vgamma(gamma);
   map1(w, ws, N, [&](Vec<F> v) { return (vgamma * (v / vscale).log()).exp(); });
@@ -232,9 +265,7 @@ void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, con
   const F* ws = saved + 3 * N;
   F* dws = tmp;
   F* dwg = tmp + N;
-  F scale = tiny;
-#pragma omp simd reduction(max : scale)
-  for (int64_t i = 0; i < N; ++i) scale = std::max(scale, ws[i]);
+  const F scale = max_of(ws, N, tiny);
   // Sharpen: w = p / sum(p), p = u^gamma, u = ws / scale (scale a constant, as in eager).
   const F inner = dot(dw, w, N);
   F* u = dwg;  // scratch: u, clamped to tiny (where u = 0, p = 0 and so are these terms)
@@ -694,14 +725,15 @@ size_t take(const uintptr_t* p, size_t count, std::vector<F*>& out) {
   return count;
 }
 
-// The buffers, in the order h, c, mem, msq, wr, ww, hs, reads, raw, addr, z per layer, act per
-// layer (native.py's `_buffers`).
+// The buffers, in the order h, c, msq, wr, ww, hs, reads, raw, mem per slot, addr per step, z
+// per layer, act per layer (native.py's `_flat`).
 template <typename F>
-size_t take_view(const uintptr_t* p, View<F>& v) {
-  F** fields[] = {&v.h_,  &v.c_,  &v.mem_,   &v.msq_, &v.wr_,
-                  &v.ww_, &v.hs_, &v.reads_, &v.raw_, &v.addr_};
+size_t take_view(const uintptr_t* p, int64_t slots, int64_t steps, View<F>& v) {
+  F** fields[] = {&v.h_, &v.c_, &v.msq_, &v.wr_, &v.ww_, &v.hs_, &v.reads_, &v.raw_};
   size_t i = 0;
   for (F** f : fields) *f = reinterpret_cast<F*>(p[i++]);
+  i += take(p + i, slots, v.mem_);
+  i += take(p + i, steps, v.addr_);
   i += take(p + i, v.c.L, v.z_);
   i += take(p + i, v.c.L, v.act_);
   return i;
@@ -719,8 +751,9 @@ void run_forward(const int64_t* sizes, const double* reals, const uintptr_t* p) 
   size_t i = 4;
   i += take(p + i, L, params.weights);
   i += take(p + i, L - 1, params.biases);
-  take_view(p + i, v);
-  forward<F>(v, params, sizes[0], sizes[13] != 0);
+  const bool keep_all = sizes[13] != 0;
+  take_view(p + i, keep_all ? sizes[0] + 1 : 2, keep_all ? sizes[0] : 1, v);
+  forward<F>(v, params, sizes[0], keep_all);
 }
 
 template <typename F>
@@ -731,7 +764,7 @@ void run_backward(const int64_t* sizes, const double* reals, const uintptr_t* p)
   params.wp = reinterpret_cast<const F*>(p[0]);
   size_t i = 1;
   i += take(p + i, L, params.weights);
-  i += take_view(p + i, v);
+  i += take_view(p + i, sizes[0] + 1, sizes[0], v);
   std::vector<F*> g;
   i += take(p + i, 8, g);  // dh_out, dreads_out, then the carried dmem, dwr, dww, dreads, dh, dc
   Carried<F> carried{g[2], g[3], g[4], g[5], g[6], g[7]};

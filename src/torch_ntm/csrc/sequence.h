@@ -40,19 +40,23 @@ struct Cfg {
 template <typename F>
 struct View {
   Cfg c;
-  F *h_, *c_, *mem_, *msq_, *wr_, *ww_, *hs_, *reads_, *raw_, *addr_;
+  F *h_, *c_, *msq_, *wr_, *ww_, *hs_, *reads_, *raw_;
+  // The memories and addressing intermediates, the largest buffers, one block per slot or step:
+  // blocks of a few MB are reused from the heap between calls, where one block of all steps
+  // would be mapped afresh (and page-faulted) on every call.
+  std::vector<F*> mem_, addr_;
   std::vector<F*> z_, act_;
 
   F* h(int64_t slot, int64_t l) const { return h_ + (slot * c.L + l) * c.B * c.C; }
   F* cell(int64_t slot, int64_t l) const { return c_ + (slot * c.L + l) * c.B * c.C; }
-  F* mem(int64_t slot) const { return mem_ + slot * c.B * c.M * c.N; }
+  F* mem(int64_t slot) const { return mem_[slot]; }
   F* msq(int64_t slot) const { return msq_ + slot * c.B * c.N; }
   F* wr(int64_t slot) const { return wr_ + slot * c.B * c.Hr * c.N; }
   F* ww(int64_t slot) const { return ww_ + slot * c.B * c.Hw * c.N; }
   F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
   F* reads(int64_t t) const { return reads_ + t * c.B * c.Hr * c.M; }
   F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
-  F* addr(int64_t st) const { return addr_ + st * c.B * c.H * 4 * c.N; }
+  F* addr(int64_t st) const { return addr_[st]; }
   F* z(int64_t l, int64_t st) const { return z_[l] + st * c.B * c.z_size(l); }
   F* act(int64_t l, int64_t st) const { return act_[l] + st * c.B * c.gate_size(); }
 };
