@@ -147,3 +147,30 @@ def test_other_dtypes_fall_back_to_fast(monkeypatch):
     model, x = _model_and_input({}, torch.bfloat16, 2, 3)
     logits, _ = _native(model)(x)
     assert logits.dtype == torch.bfloat16 and torch.isfinite(logits.float()).all()
+
+
+def test_bench_times_the_native_library_forward_and_backward(monkeypatch):
+    from torch_ntm import bench
+
+    calls = []
+    real = native._call
+    monkeypatch.setattr(native, "_call", lambda name, *a: calls.append(name) or real(name, *a))
+    task = bench.CopyTask().with_size(3)
+    runner = bench._Runner("native", 8, task.sample(2, torch.Generator().manual_seed(0)), task,
+                           "cpu", 0)
+    runner.train_step()
+    runner.infer_step()
+    assert calls == ["torch_ntm_forward", "torch_ntm_backward", "torch_ntm_forward"]
+
+
+def test_large_memories_in_separate_blocks_match_eager():
+    # 8 x 20 x 1024 float64 rows: 1.3 MB per step, so each step's memory is a tensor of its own.
+    torch.manual_seed(0)
+    model = NTM(6, 4, controller_size=11, memory_size=1024, memory_width=20,
+                dtype=torch.float64)
+    x = torch.randn(3, 8, 6, dtype=torch.float64)
+    buffers = native._buffers(native.fast._layout(model, x.device, False).cfg, 3, 8, 1024, x,
+                              True)
+    assert isinstance(buffers.mem, tuple) and len(buffers.mem) == 4
+    _assert_same(_run(_eager(model), model, x), _run(_native(model), model, x),
+                 rtol=1e-10, atol=1e-12)

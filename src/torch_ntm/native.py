@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 from pathlib import Path
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -92,9 +93,9 @@ class _Buffers(NamedTuple):
     hs: Tensor  # [T, B, C] the top layer's output
     reads: Tensor  # [T, B, Hr, M]
     raw: Tensor  # [T, B, P] the head layer's output
-    # The two largest, one tensor per slot or step (see csrc/sequence.h's View):
-    mem: tuple  # T+1 of [B, M, N] memory, transposed
-    addr: tuple  # T of [B, H, 4, N] addressing intermediates (cos, wc, wg, ws)
+    # The two largest, in blocks per slot or step (`_blocks`; csrc/sequence.h's View):
+    mem: Tensor | tuple  # T+1 of [B, M, N] memory, transposed
+    addr: Tensor | tuple  # T of [B, H, 4, N] addressing intermediates (cos, wc, wg, ws)
     z: tuple  # per layer [T, B, in + C | in] the layer's matmul input
     act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
 
@@ -102,28 +103,66 @@ class _Buffers(NamedTuple):
 def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor, keep: bool):
     hr, hw, m, c, layers = cfg.read_heads, cfg.write_heads, cfg.width, cfg.hidden, cfg.layers
     slots, kept = (steps + 1, steps) if keep else (2, 1)
-    width = 4 * c if cfg.lstm else c
-    heads = hr + hw
-    p = sum(cfg.blocks)
-
-    def new(*shape):
-        return like.new_empty(shape)
-
-    return _Buffers(
-        h=like.new_zeros(slots, layers, batch, c), c=like.new_zeros(slots, layers * cfg.lstm,
-                                                                     batch, c),
-        msq=new(slots, batch, rows), wr=new(slots, batch, hr, rows),
-        ww=new(slots, batch, hw, rows), hs=new(steps, batch, c), reads=new(steps, batch, hr, m),
-        raw=new(kept, batch, p), mem=tuple(new(batch, m, rows) for _ in range(slots)),
-        addr=tuple(new(batch, heads, 4, rows) for _ in range(kept)),
-        z=tuple(new(kept, batch, (hr * m if layer == 0 else c) + c * cfg.lstm)
-                for layer in range(layers)),
-        act=tuple(new(kept, batch, width) for _ in range(layers)),
-    )  # fmt: skip
+    shapes = [
+        (slots, layers, batch, c), (slots, layers * cfg.lstm, batch, c), (slots, batch, rows),
+        (slots, batch, hr, rows), (slots, batch, hw, rows), (steps, batch, c),
+        (steps, batch, hr, m), (kept, batch, sum(cfg.blocks)),
+        *((kept, batch, (hr * m if layer == 0 else c) + c * cfg.lstm) for layer in range(layers)),
+        *((kept, batch, 4 * c if cfg.lstm else c) for _ in range(layers)),
+    ]  # fmt: skip
+    # All but the memories and addressing intermediates in one allocation, cut into views.
+    sizes = [math.prod(shape) for shape in shapes]
+    views = [v.view(shape) for v, shape in zip(like.new_empty(sum(sizes)).split(sizes), shapes)]
+    h, c_, msq, wr, ww, hs, reads, raw = views[:8]
+    z, act = tuple(views[8 : 8 + layers]), tuple(views[8 + layers :])
+    mem = _blocks(like, slots, (batch, m, rows))
+    addr = _blocks(like, kept, (batch, hr + hw, 4, rows))
+    return _Buffers(h, c_, msq, wr, ww, hs, reads, raw, mem, addr, z, act)
 
 
-def _flat(buf: _Buffers) -> list[Tensor]:
-    return [*buf[:8], *buf.mem, *buf.addr, *buf.z, *buf.act]
+def _blocks(like: Tensor, count: int, shape: tuple) -> tuple:
+    """``count`` tensors of ``shape``: views of one allocation, or, from 1 MB each, separate
+    tensors, which the heap reuses between calls (one allocation of them all would be mapped, and
+    page-faulted, afresh on every call)."""
+    if math.prod(shape) * like.element_size() < 1 << 20:
+        return like.new_empty(count, *shape)
+    return tuple(like.new_empty(shape) for _ in range(count))
+
+
+def _saved(buf: _Buffers) -> list[Tensor]:
+    """The buffers as a flat list of tensors, for `save_for_backward`."""
+    blocks = [[b] if isinstance(b, Tensor) else list(b) for b in (buf.mem, buf.addr)]
+    return [*buf[:8], *blocks[0], *blocks[1], *buf.z, *buf.act]
+
+
+def _unsaved(tensors: list[Tensor], layers: int, stacked: tuple[bool, bool]) -> _Buffers:
+    """`_saved`'s inverse (the per-step blocks' count follows from the others' shapes)."""
+    steps = tensors[5].shape[0]  # hs
+    rest, blocks = list(tensors[8:]), []
+    for is_tensor, count in zip(stacked, (steps + 1, steps)):
+        n = 1 if is_tensor else count
+        blocks.append(rest[0] if is_tensor else tuple(rest[:n]))
+        rest = rest[n:]
+    return _Buffers(*tensors[:8], *blocks, tuple(rest[:layers]), tuple(rest[layers:]))
+
+
+def _data(*tensors: Tensor) -> list[int]:
+    """The data addresses of contiguous tensors of one dtype."""
+    for t in tensors:
+        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
+    return [t.data_ptr() for t in tensors]
+
+
+def _pointers(buf: _Buffers) -> list[int]:
+    """The addresses of the buffers in the order csrc/kernels.cpp's `take_view` reads them."""
+
+    def blocks(b):  # one address per slot or step
+        if isinstance(b, Tensor):
+            size = b.stride(0) * b.element_size()
+            return range(b.data_ptr(), b.data_ptr() + size * b.shape[0], size)
+        return _data(*b)
+
+    return [*_data(*buf[:8]), *blocks(buf.mem), *blocks(buf.addr), *_data(*buf.z, *buf.act)]
 
 
 def _sizes(cfg: fast._Config, steps: int, buf: _Buffers, keep: bool):
@@ -134,12 +173,10 @@ def _sizes(cfg: fast._Config, steps: int, buf: _Buffers, keep: bool):
 
 
 def _call(name: str, dtype: torch.dtype, sizes: list[int], reals: list[float],
-          tensors: list[Tensor]) -> None:
-    for t in tensors:
-        assert t.is_contiguous() and t.dtype == dtype, (t.shape, t.dtype)
+          pointers: list[int]) -> None:
     sizes_c = (ctypes.c_int64 * len(sizes))(*sizes)
     reals_c = (ctypes.c_double * len(reals))(*reals)
-    ptrs = (ctypes.c_void_p * len(tensors))(*[t.data_ptr() for t in tensors])
+    ptrs = (ctypes.c_void_p * len(pointers))(*pointers)
     if getattr(_library(), name)(_DTYPES[dtype], sizes_c, reals_c, ptrs) != 0:
         raise RuntimeError(f"torch_ntm native {name} failed")
 
@@ -158,9 +195,9 @@ def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_wri
         buf.msq[0].copy_(memory.square().sum(1))
         buf.wr[0].copy_(w_read)
         buf.ww[0].copy_(w_write)
-    tensors = [xpre, wp, bp, reads, *weights, *biases, *_flat(buf)]
     _call("torch_ntm_forward", xpre.dtype, _sizes(cfg, steps, buf, keep),
-          [cfg.beta_cap, cfg.gamma_cap, tiny], [t.contiguous() for t in tensors])
+          [cfg.beta_cap, cfg.gamma_cap, tiny],
+          [*_data(xpre, wp, bp, reads, *weights, *biases), *_pointers(buf)])
     return buf
 
 
@@ -179,8 +216,9 @@ class _NativeSequence(torch.autograd.Function):
                            bp.contiguous(), memory, w_read, w_write, reads.contiguous(), h0, c0,
                            keep=True)
         ctx.set_materialize_grads(False)
-        ctx.cfg, ctx.tiny, ctx.steps = cfg, tiny, xpre.shape[0]
-        ctx.save_for_backward(wp, *weights, *_flat(buf))
+        ctx.cfg, ctx.tiny = cfg, tiny
+        ctx.stacked = (isinstance(buf.mem, Tensor), isinstance(buf.addr, Tensor))
+        ctx.save_for_backward(wp, *weights, *_saved(buf))
         out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
         if cfg.lstm:
             out += [buf.h[-1], buf.c[-1]]
@@ -190,12 +228,8 @@ class _NativeSequence(torch.autograd.Function):
     def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
         cfg, n = ctx.cfg, ctx.cfg.layers
         wp, *rest = ctx.saved_tensors
-        weights, flat = rest[:n], rest[n:]
-        steps = ctx.steps
-        mem, rest = flat[8 : 8 + steps + 1], flat[8 + steps + 1 :]
-        buf = _Buffers(*flat[:8], tuple(mem), tuple(rest[:steps]), tuple(rest[steps : steps + n]),
-                       tuple(rest[steps + n :]))
-        batch = buf.hs.shape[1]
+        weights, buf = rest[:n], _unsaved(rest[n:], n, ctx.stacked)
+        steps, batch = buf.hs.shape[:2]
 
         def carried(g, like):  # a fresh contiguous copy: the library updates it in place
             return torch.zeros_like(like) if g is None else g.clone(
@@ -212,7 +246,7 @@ class _NativeSequence(torch.autograd.Function):
         draw = wp.new_empty(steps, batch, wp.shape[0])
         _call("torch_ntm_backward", wp.dtype, _sizes(cfg, steps, buf, True),
               [cfg.beta_cap, cfg.gamma_cap, ctx.tiny],
-              [wp, *weights, *_flat(buf), *grads, *dpres, draw])
+              [*_data(wp, *weights), *_pointers(buf), *_data(*grads, *dpres, draw)])
         dmem0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
         # Weight gradients: one matmul over all T*B rows each.
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
