@@ -53,7 +53,8 @@ class _Runner:
         torch.manual_seed(seed)  # every engine starts from the same parameters
         self.model = NTM(task.input_size, task.output_size, memory_size=memory_size,
                          engine=engine, device=device)
-        self.optimizer = torch.optim.RMSprop(self.model.parameters(), lr=1e-4, momentum=0.9)
+        self.optimizer = torch.optim.RMSprop(self.model.parameters(), lr=1e-4, momentum=0.9,
+                                             foreach=True)  # as `train.make_optimizer`
         self.loss = task_objective(task).loss
         self.batch = [t.to(device) for t in batch]
         self.device = device

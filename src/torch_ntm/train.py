@@ -83,11 +83,14 @@ class _StopSignals:
 
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
+    # foreach: one op per update across all parameters instead of a loop over them (torch only
+    # defaults to it on GPUs); measured 0.82 -> 0.49 ms per RMSProp step and 0.80 -> 0.61 ms per
+    # Adam step for the copy model on this CPU, ~5% of a native training step at batch 1.
     if config.optimizer == "rmsprop":
         return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
-                                   momentum=config.momentum)
+                                   momentum=config.momentum, foreach=True)
     if config.optimizer == "adam":
-        return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad)
+        return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad, foreach=True)
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
 
 
