@@ -12,7 +12,7 @@ gradients (one matmul each over all steps) are the fast engine's.
 
 The library is built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja,
 which ``pip install ninja`` provides; one source file with no torch header but ATen's vector
-type, ~6 s) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
+type: ~9 s on a 2-core CPU) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``): one build serves every batch size, memory size, sequence length
 and float dtype. Where it cannot be built, or for another dtype, `NTM` runs the fast engine
 instead, and on a GPU the compiled one, logging one line saying why.
@@ -46,7 +46,7 @@ _DTYPES = {torch.float32: 0, torch.float64: 1}
 def _flags() -> list[str]:
     # omp simd pragmas only (no OpenMP runtime); errno is never read, and setting it would keep
     # the loops with a square root from vectorising.
-    flags = ["-O3", "-fopenmp-simd", "-fno-math-errno", f"-I{_CSRC}"]
+    flags = ["-O3", "-fopenmp-simd", "-fno-math-errno"]
     if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512"):
         # ATen's vector type then takes its AVX2 form (SLEEF's 8-wide exp, log, tanh).
         flags += ["-mavx2", "-mfma", "-DCPU_CAPABILITY=AVX2", "-DCPU_CAPABILITY_AVX2"]

@@ -322,13 +322,12 @@ void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, con
   }
 }
 
-
 // ------------------------------------------------------------------------------------------------
 // Forward.
 // ------------------------------------------------------------------------------------------------
 
 template <typename F>
-void write_and_read(const Cfg& c, int64_t b, const F* raw, const F* mem_prev, const F* msq_prev,
+void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_prev,
                     const F* wr_prev, const F* ww_prev, F* mem, F* msq, F* wr, F* ww, F* reads,
                     F* addr, F* act, F* keep, F* addv) {
   const int64_t M = c.M, N = c.N;
@@ -517,7 +516,6 @@ void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
   activate_backward(c, raw, act, dact, draw);
 }
 
-// The gradients carried from step t + 1 back to step t (those of step t's outputs).
 }  // namespace
 
 template <typename F>
@@ -585,7 +583,7 @@ void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
       std::vector<F> act(c.P), keep(N), addv(N);
       for (int64_t b = begin; b < end; ++b) {
-        write_and_read(c, b, raw + b * c.P, mp + b * M * N, qp + b * N, wrp + b * c.Hr * N,
+        write_and_read(c, raw + b * c.P, mp + b * M * N, qp + b * N, wrp + b * c.Hr * N,
                        wwp + b * c.Hw * N, mn + b * M * N, qn + b * N, wrn + b * c.Hr * N,
                        wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * 4 * N, act.data(),
                        keep.data(), addv.data());

@@ -40,12 +40,12 @@ struct Cfg {
 template <typename F>
 struct View {
   Cfg c;
-  F *h_, *c_, *msq_, *wr_, *ww_, *hs_, *reads_, *raw_;
+  F *h_{}, *c_{}, *msq_{}, *wr_{}, *ww_{}, *hs_{}, *reads_{}, *raw_{};
   // The memories and addressing intermediates, the largest buffers, one block per slot or step:
   // blocks of a few MB are reused from the heap between calls, where one block of all steps
   // would be mapped afresh (and page-faulted) on every call.
-  std::vector<F*> mem_, addr_;
-  std::vector<F*> z_, act_;
+  std::vector<F*> mem_{}, addr_{};
+  std::vector<F*> z_{}, act_{};
 
   F* h(int64_t slot, int64_t l) const { return h_ + (slot * c.L + l) * c.B * c.C; }
   F* cell(int64_t slot, int64_t l) const { return c_ + (slot * c.L + l) * c.B * c.C; }
