@@ -125,29 +125,35 @@ void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool ac
   }
 }
 
+// Row i + offset of n rows, circularly (|offset| < n), as two straight runs: rows i < split are
+// at i + lo, rows from split on at i + hi.
+struct Circular {
+  int64_t split, lo, hi;
+  Circular(int64_t offset, int64_t n)
+      : split(offset >= 0 ? n - offset : -offset),
+        lo(offset >= 0 ? offset : offset + n),
+        hi(offset >= 0 ? offset - n : offset) {}
+};
+
 // out[i] += coef * in[i + offset], rows circular (|offset| < n).
 template <typename F>
 inline void shift_add(F* out, const F* in, F coef, int64_t offset, int64_t n) {
-  const int64_t split = offset >= 0 ? n - offset : -offset;  // where i + offset wraps
-  const int64_t jump = offset >= 0 ? offset - n : offset + n;
-  const int64_t lo = offset >= 0 ? offset : jump, hi = offset >= 0 ? jump : offset;
+  const Circular w(offset, n);
 #pragma omp simd
-  for (int64_t i = 0; i < split; ++i) out[i] += coef * in[i + lo];
+  for (int64_t i = 0; i < w.split; ++i) out[i] += coef * in[i + w.lo];
 #pragma omp simd
-  for (int64_t i = split; i < n; ++i) out[i] += coef * in[i + hi];
+  for (int64_t i = w.split; i < n; ++i) out[i] += coef * in[i + w.hi];
 }
 
 // sum_i a[i] in[i + offset], rows circular (|offset| < n).
 template <typename F>
 inline F shift_dot(const F* a, const F* in, int64_t offset, int64_t n) {
-  const int64_t split = offset >= 0 ? n - offset : -offset;
-  const int64_t jump = offset >= 0 ? offset - n : offset + n;
-  const int64_t lo = offset >= 0 ? offset : jump, hi = offset >= 0 ? jump : offset;
+  const Circular w(offset, n);
   F acc = 0;
 #pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < split; ++i) acc += a[i] * in[i + lo];
+  for (int64_t i = 0; i < w.split; ++i) acc += a[i] * in[i + w.lo];
 #pragma omp simd reduction(+ : acc)
-  for (int64_t i = split; i < n; ++i) acc += a[i] * in[i + hi];
+  for (int64_t i = w.split; i < n; ++i) acc += a[i] * in[i + w.hi];
   return acc;
 }
 
@@ -373,7 +379,7 @@ void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
   }
 }
 
-// Raw pointers into the buffers, and where one step's or one slot's part of each begins.
+// Row-major out[m, n] = A[m, k] B[k, n] + beta out, with A given as [k, m] if ta and B as [n, k]
 // if tb: BLAS's gemm where torch exports it (its MKL), else a plain loop.
 extern "C" {
 void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
@@ -771,31 +777,32 @@ void run_backward(const int64_t* sizes, const double* reals, const uintptr_t* p)
   backward<F>(v, params, sizes[0], g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
 }
 
-}  // namespace
-}  // namespace torch_ntm
-
-extern "C" {
-
-// dtype: 0 float32, 1 float64. Returns 0, or 1 after an exception (none is expected: the caller
-// checks shapes).
-int torch_ntm_forward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
+// run(...), with no exception crossing into C: 0, or 1 if it threw.
+int guarded(void (*run)(const int64_t*, const double*, const uintptr_t*), const int64_t* sizes,
+            const double* reals, const uintptr_t* p) {
   try {
-    if (dtype == 0) torch_ntm::run_forward<float>(sizes, reals, p);
-    else torch_ntm::run_forward<double>(sizes, reals, p);
+    run(sizes, reals, p);
     return 0;
   } catch (...) {
     return 1;
   }
 }
 
+}  // namespace
+}  // namespace torch_ntm
+
+extern "C" {
+
+// dtype: 0 float32, 1 float64. Each returns 0, or 1 after an exception (none is expected: the
+// caller checks shapes).
+int torch_ntm_forward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
+  return torch_ntm::guarded(dtype == 0 ? torch_ntm::run_forward<float>
+                                       : torch_ntm::run_forward<double>, sizes, reals, p);
+}
+
 int torch_ntm_backward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
-  try {
-    if (dtype == 0) torch_ntm::run_backward<float>(sizes, reals, p);
-    else torch_ntm::run_backward<double>(sizes, reals, p);
-    return 0;
-  } catch (...) {
-    return 1;
-  }
+  return torch_ntm::guarded(dtype == 0 ? torch_ntm::run_backward<float>
+                                       : torch_ntm::run_backward<double>, sizes, reals, p);
 }
 
 }  // extern "C"
