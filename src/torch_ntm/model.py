@@ -30,7 +30,7 @@ from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_
 from torch_ntm import functional as ntmf
 from torch_ntm.fast import fast_forward
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
-from torch_ntm.native import native_forward
+from torch_ntm.native import native_forward, runs_as
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
@@ -609,9 +609,10 @@ class NTM(_NTMBase):
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
         # hand-written backward take one dtype (the parameters'), not autocast's mix.
         if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
-            if self.engine == "native":
+            engine = runs_as(x) if self.engine == "native" else self.engine
+            if engine == "native":
                 return native_forward(self, x, state)
-            compile = self.engine == "compiled" and torch.is_grad_enabled()
+            compile = engine == "compiled" and torch.is_grad_enabled()
             return fast_forward(self, x, state, compile=compile)
         x, state = self._prepare(x, state)
         outputs = []

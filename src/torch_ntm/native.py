@@ -35,7 +35,7 @@ from torch_ntm.layout import NTMState
 if TYPE_CHECKING:
     from torch_ntm.model import NTM
 
-__all__ = ["available", "native_forward"]
+__all__ = ["available", "native_forward", "runs_as"]
 
 _log = logging.getLogger(__name__)
 _CSRC = Path(__file__).parent / "csrc"
@@ -100,6 +100,9 @@ class _Buffers(NamedTuple):
     act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
 
 
+_SINGLE = _Buffers._fields.index("mem")  # the buffers before the blocks: one tensor each
+
+
 def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor, keep: bool):
     hr, hw, m, c, layers = cfg.read_heads, cfg.write_heads, cfg.width, cfg.hidden, cfg.layers
     slots, kept = (steps + 1, steps) if keep else (2, 1)
@@ -113,11 +116,10 @@ def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor,
     # All but the memories and addressing intermediates in one allocation, cut into views.
     sizes = [math.prod(shape) for shape in shapes]
     views = [v.view(shape) for v, shape in zip(like.new_empty(sum(sizes)).split(sizes), shapes)]
-    h, c_, msq, wr, ww, hs, reads, raw = views[:8]
-    z, act = tuple(views[8 : 8 + layers]), tuple(views[8 + layers :])
+    z, act = tuple(views[_SINGLE : _SINGLE + layers]), tuple(views[_SINGLE + layers :])
     mem = _blocks(like, slots, (batch, m, rows))
     addr = _blocks(like, kept, (batch, hr + hw, 4, rows))
-    return _Buffers(h, c_, msq, wr, ww, hs, reads, raw, mem, addr, z, act)
+    return _Buffers(*views[:_SINGLE], mem, addr, z, act)
 
 
 def _blocks(like: Tensor, count: int, shape: tuple) -> tuple:
@@ -132,18 +134,18 @@ def _blocks(like: Tensor, count: int, shape: tuple) -> tuple:
 def _saved(buf: _Buffers) -> list[Tensor]:
     """The buffers as a flat list of tensors, for `save_for_backward`."""
     blocks = [[b] if isinstance(b, Tensor) else list(b) for b in (buf.mem, buf.addr)]
-    return [*buf[:8], *blocks[0], *blocks[1], *buf.z, *buf.act]
+    return [*buf[:_SINGLE], *blocks[0], *blocks[1], *buf.z, *buf.act]
 
 
 def _unsaved(tensors: list[Tensor], layers: int, stacked: tuple[bool, bool]) -> _Buffers:
     """`_saved`'s inverse (the per-step blocks' count follows from the others' shapes)."""
-    steps = tensors[5].shape[0]  # hs
-    rest, blocks = list(tensors[8:]), []
+    steps = tensors[_Buffers._fields.index("hs")].shape[0]
+    rest, blocks = list(tensors[_SINGLE:]), []
     for is_tensor, count in zip(stacked, (steps + 1, steps)):
         n = 1 if is_tensor else count
         blocks.append(rest[0] if is_tensor else tuple(rest[:n]))
         rest = rest[n:]
-    return _Buffers(*tensors[:8], *blocks, tuple(rest[:layers]), tuple(rest[layers:]))
+    return _Buffers(*tensors[:_SINGLE], *blocks, tuple(rest[:layers]), tuple(rest[layers:]))
 
 
 def _data(*tensors: Tensor) -> list[int]:
@@ -162,7 +164,8 @@ def _pointers(buf: _Buffers) -> list[int]:
             return range(b.data_ptr(), b.data_ptr() + size * b.shape[0], size)
         return _data(*b)
 
-    return [*_data(*buf[:8]), *blocks(buf.mem), *blocks(buf.addr), *_data(*buf.z, *buf.act)]
+    return [*_data(*buf[:_SINGLE]), *blocks(buf.mem), *blocks(buf.addr),
+            *_data(*buf.z, *buf.act)]
 
 
 def _sizes(cfg: fast._Config, steps: int, buf: _Buffers, keep: bool):
@@ -208,13 +211,10 @@ class _NativeSequence(torch.autograd.Function):
     def forward(ctx, cfg: fast._Config, tiny: float, xpre, wp, bp, memory, w_read, w_write,
                 reads, *rest):
         n = cfg.layers
-        weights = [w.contiguous() for w in rest[:n]]
-        biases = [b.contiguous() for b in rest[n : 2 * n - 1]]
+        weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
         h0, c0 = _initial_controller(cfg, rest[2 * n - 1 :], memory)
-        wp = wp.contiguous()
-        buf = _run_forward(cfg, tiny, xpre.detach().contiguous(), weights, biases, wp,
-                           bp.contiguous(), memory, w_read, w_write, reads.contiguous(), h0, c0,
-                           keep=True)
+        buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write,
+                           reads, h0, c0, keep=True)
         ctx.set_materialize_grads(False)
         ctx.cfg, ctx.tiny = cfg, tiny
         ctx.stacked = (isinstance(buf.mem, Tensor), isinstance(buf.addr, Tensor))
@@ -269,50 +269,49 @@ def _initial_controller(cfg: fast._Config, hc: tuple, like: Tensor) -> tuple[Ten
 _WARNED: set = set()
 
 
-def _fallback(x: Tensor) -> tuple[str, str] | None:
-    """The engine to run instead of the native one, and why; None if the native one runs."""
+def runs_as(x: Tensor) -> str:
+    """The engine that runs ``engine="native"`` for input ``x``: "native", or where it cannot,
+    "compiled" on a GPU and "fast" otherwise, logged once per reason."""
     if x.device.type != "cpu":  # torch.compile generates GPU kernels there
-        return "compiled", f"it runs on the CPU only, not {x.device.type}"
-    if x.dtype not in _DTYPES:
-        return "fast", f"it computes in float32 or float64, not {x.dtype}"
-    if not available():  # then torch.compile, which needs a compiler too, may not work either
-        return "fast", f"its C++ library could not be built ({_LIBRARY['error']})"
-    return None
+        fallback = "compiled", f"it runs on the CPU only, not {x.device.type}"
+    elif x.dtype not in _DTYPES:
+        fallback = "fast", f"it computes in float32 or float64, not {x.dtype}"
+    elif not available():  # then torch.compile, which needs a compiler too, may not work either
+        fallback = "fast", f"its C++ library could not be built ({_LIBRARY['error']})"
+    else:
+        return "native"
+    if fallback not in _WARNED:
+        _WARNED.add(fallback)
+        _log.warning("engine 'native' runs as '%s': %s", *fallback)
+    return fallback[0]
 
 
 def native_forward(model: NTM, x: Tensor, state: NTMState | None = None
                    ) -> tuple[Tensor, NTMState]:
     """``model(x, state)`` by the native engine (`NTM.forward` dispatches here for
-    ``engine="native"``); where the native one cannot run, by the compiled engine on a GPU and the
-    fast one otherwise, saying so once."""
-    fallback = _fallback(x)
-    if fallback is not None:
-        engine, reason = fallback
-        if fallback not in _WARNED:
-            _WARNED.add(fallback)
-            _log.warning("engine 'native' runs as '%s': %s", engine, reason)
-        compile = engine == "compiled" and torch.is_grad_enabled()
-        return fast.fast_forward(model, x, state, compile=compile)
+    ``engine="native"`` where `runs_as` says it can run). Inputs are made contiguous here, once,
+    as the library reads them by address."""
     layout = fast._layout(model, x.device, False)
     cfg = layout.cfg
     x, state = model._prepare(x, state)
     xpre, weights, biases, wp, bp = fast._parameters(layout, model, x)
+    xpre, wp, bp = xpre.contiguous(), wp.contiguous(), bp.contiguous()
+    weights, biases = [w.contiguous() for w in weights], [b.contiguous() for b in biases]
+    reads = state.reads.contiguous()
     tiny = torch.finfo(x.dtype).tiny
     h0 = list(state.controller[0].unbind(0)) if cfg.lstm else []
     c0 = list(state.controller[1].unbind(0)) if cfg.lstm else []
     memory = state.memory.transpose(1, 2)  # [B, M, N], as the fast engine keeps it
-    inputs = (xpre, wp, bp, memory, state.read_weights, state.write_weights, state.reads,
-              *weights, *biases, *h0, *c0)
+    inputs = (xpre, wp, bp, memory, state.read_weights, state.write_weights, reads, *weights,
+              *biases, *h0, *c0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         out = _NativeSequence.apply(cfg, tiny, *inputs)
         hs, reads, memory, w_read, w_write = out[:5]
         controller = tuple(out[5:])
     else:
         h, c = _initial_controller(cfg, (*h0, *c0), memory)
-        buf = _run_forward(cfg, tiny, xpre.contiguous(), [w.contiguous() for w in weights],
-                           [b.contiguous() for b in biases], wp.contiguous(), bp.contiguous(),
-                           memory, state.read_weights, state.write_weights,
-                           state.reads.contiguous(), h, c, keep=False)
+        buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, state.read_weights,
+                           state.write_weights, reads, h, c, keep=False)
         last = x.shape[0] % 2  # two slots of state: the final one in slot T % 2
         hs, reads = buf.hs, buf.reads
         memory, w_read, w_write = buf.mem[last], buf.wr[last], buf.ww[last]
