@@ -4,10 +4,10 @@
       TORCH_EXTENSIONS_DIR=$(mktemp -d) /usr/bin/time -f "%e s wall" \
         ntm train copy --seed $s --out runs/copy-s$s > runs/copy-s$s.log 2>&1
     done
+    python scripts/copy_seed_table.py runs/copy-s{0,1,2,3,4}
 
 (An empty ``TORCH_EXTENSIONS_DIR``: each run builds the native engine's library, as on a fresh
 machine. The table of the compiled engine was made with an empty ``TORCHINDUCTOR_CACHE_DIR``.)
-    python scripts/copy_seed_table.py runs/copy-s{0,1,2,3,4}
 
 Reads each run's log (the `ntm train` summary line and `/usr/bin/time`'s last line) and
 checkpoint, and evaluates the run's model at L = 20 and 120 on the sequences of `ntm evaluate`

@@ -100,17 +100,21 @@ def test_matches_eager_float32_paper_model():
     _assert_same(eager, fast, rtol=1e-4, atol=1e-5)
 
 
-def test_carried_state_equals_one_pass():
-    model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 3, 9)
-    fast = make_fast(model)
-    whole = _run(_eager(model), model, x)
+def _in_two(forward, split=4):
+    """``forward`` over a sequence in two calls, the state of the first carried into the second."""
 
-    def in_two(x, state):
-        y1, s1 = fast(x[:4], state)
-        y2, s2 = fast(x[4:], s1)
+    def run(x, state):
+        y1, s1 = forward(x[:split], state)
+        y2, s2 = forward(x[split:], s1)
         return torch.cat([y1, y2]), s2
 
-    _assert_same(whole, _run(in_two, model, x), rtol=1e-10, atol=1e-12)
+    return run
+
+
+def test_carried_state_equals_one_pass():
+    model, x = _model_and_input(CONFIGS["multi-head"], torch.float64, 3, 9)
+    whole = _run(_eager(model), model, x)
+    _assert_same(whole, _run(_in_two(make_fast(model)), model, x), rtol=1e-10, atol=1e-12)
 
 
 def test_given_state_gets_gradients():

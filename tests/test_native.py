@@ -5,7 +5,7 @@ import logging
 
 import pytest
 import torch
-from test_fast import CONFIGS, _assert_same, _eager, _loss, _model_and_input, _run
+from test_fast import CONFIGS, _assert_same, _eager, _in_two, _loss, _model_and_input, _run
 
 from torch_ntm import NTM, native
 
@@ -47,14 +47,7 @@ def test_matches_eager_float32_paper_model():
 def test_carried_state_equals_one_pass():
     model, x = _model_and_input(CONFIGS["deep-lstm"], torch.float64, 3, 9)
     whole = _run(_eager(model), model, x)
-    _native(model)
-
-    def in_two(x, state):
-        y1, s1 = model(x[:4], state)
-        y2, s2 = model(x[4:], s1)
-        return torch.cat([y1, y2]), s2
-
-    _assert_same(whole, _run(in_two, model, x), rtol=1e-10, atol=1e-12)
+    _assert_same(whole, _run(_in_two(_native(model)), model, x), rtol=1e-10, atol=1e-12)
 
 
 def test_given_state_gets_gradients():
