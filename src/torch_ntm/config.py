@@ -14,6 +14,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from torch_ntm.mann import ENGINES as MANN_ENGINES
 from torch_ntm.mann import MANNOptions
 from torch_ntm.model import ENGINES, NTMOptions
 from torch_ntm.tasks import TASKS, Task, make_task
@@ -54,8 +55,8 @@ class TrainConfig(NTMOptions):
     max_beta: float = 0.0
     max_gamma: float = 0.0
     # NTM.forward's engine: "native", "compiled", "fast" or "eager" (same function; "native" runs
-    # as "compiled" on a GPU). The MANN has only its eager loop, so a "mann" config must say
-    # "eager"; the LSTM baseline ignores it.
+    # as "compiled" on a GPU). A MANN has "compiled" and "eager" (`torch_ntm.mann.ENGINES`); the
+    # LSTM baseline ignores it.
     engine: str = "native"
     # MANN only (the fields of `MANNOptions` that `NTMOptions` lacks; see `torch_ntm.mann.MANN`).
     usage_decay: float = MANNOptions.usage_decay
@@ -178,9 +179,10 @@ class TrainConfig(NTMOptions):
                 self.mann_options().checked()
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
-        if self.model == "mann" and self.engine != "eager":
+        if self.model == "mann" and self.engine not in MANN_ENGINES:
             raise ConfigError(f"{source}: engine={self.engine!r} does not apply to model='mann', "
-                              f"which has only its eager loop; set engine=eager")
+                              f"which has the engines {', '.join(MANN_ENGINES)}; set "
+                              f"engine=compiled")
         try:
             held_out = self.task_params.held_out()
         except ValueError as e:

@@ -54,9 +54,9 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
         if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
             check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
                               source="the model")
-        if kind == "mann":  # one loop only: no engine to choose
-            return MANN(**kwargs, device=device)
         kwargs.setdefault("engine", config.engine)
+        if kind == "mann":
+            return MANN(**kwargs, device=device)
         return NTM(**kwargs, device=device)
     except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
         if isinstance(e, ConfigError):

@@ -256,7 +256,9 @@ class OmniglotTask(Task):
 
     Splits (`split_characters`) share no character. In training (``rotations``, ``jitter``:
     None means ``split == "train"``) a character rotated by 90, 180 or 270 degrees is a class of
-    its own (4 x 179 classes in the embedded data), and each image is jittered: rotated by a
+    its own (4 x 179 classes in the embedded data); with ``reflections=True`` (default False,
+    effective only with rotations) each rotation's mirror image (columns reversed, then turned)
+    is one more class (8 x 179). Each image is jittered: rotated by a
     uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
     max_shift]`` pixels on each axis (bilinear, blank outside). The size knob of `with_size` is
     ``instances``. Score with `accuracy_by_instance`; `instance_numbers` tells the k-th
@@ -269,6 +271,7 @@ class OmniglotTask(Task):
     labels: str = "one_hot"
     rotations: bool | None = None
     jitter: bool | None = None
+    reflections: bool = False
     max_shift: float = 1.5
     max_angle: float = 10.0
     root: str | None = None
@@ -292,6 +295,8 @@ class OmniglotTask(Task):
         for field in ("rotations", "jitter"):
             if getattr(self, field) not in (None, True, False):
                 raise ValueError(f"OmniglotTask.{field} must be None, True or False")
+        if not isinstance(self.reflections, bool):
+            raise ValueError("OmniglotTask.reflections must be True or False")
         for field in ("max_shift", "max_angle"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
@@ -317,9 +322,17 @@ class OmniglotTask(Task):
         return self.split == "train" if self.jitter is None else self.jitter
 
     @property
+    def _transforms(self) -> int:
+        """Classes per character: quarter turns, each also mirrored with ``reflections``."""
+        if not self._rotations:
+            return 1
+        return ROTATIONS * (2 if self.reflections else 1)
+
+    @property
     def num_classes(self) -> int:
-        """Classes of the split that episodes draw from (characters, times 4 with rotations)."""
-        return len(split_characters(self.split, self.root)) * (ROTATIONS if self._rotations else 1)
+        """Classes of the split that episodes draw from (characters, times 4 with rotations,
+        times 8 with rotations and reflections)."""
+        return len(split_characters(self.split, self.root)) * self._transforms
 
     @property
     def label_size(self) -> int:
@@ -381,7 +394,7 @@ class OmniglotTask(Task):
         T = C * n
         images = load_characters(self.root).images  # (K, DRAWINGS, 20, 20)
         pool = split_characters(self.split, self.root)  # (K_split,)
-        R = ROTATIONS if self._rotations else 1
+        R = self._transforms
         chosen = _permutations(B, len(pool) * R, generator)[:, :C]  # class ids, (B, C)
         character, rotation = pool[chosen // R], chosen % R  # (B, C) each
         labels = self._label_vectors(B, generator)  # (B, C, L)
@@ -390,8 +403,11 @@ class OmniglotTask(Task):
         order = _permutations(B, T, generator)  # (B, T)
         step_class = order // n  # (B, T)
         x = images[character.gather(1, step_class), drawing.gather(1, order)].float() / 255
-        if R > 1:  # class (character, r): the character turned r quarter turns anticlockwise
-            turned = torch.stack([x.rot90(r, dims=(-2, -1)) for r in range(R)], -1)  # (.., R)
+        if R > 1:  # class (character, r): the character turned r % 4 quarter turns
+            # anticlockwise, after reversing its columns (a mirror image) when r >= 4
+            faces = (x, x.flip(-1))[: R // ROTATIONS]
+            turned = torch.stack([face.rot90(r, dims=(-2, -1)) for face in faces
+                                  for r in range(ROTATIONS)], -1)  # (.., R)
             step_rotation = rotation.gather(1, step_class)[..., None, None, None]  # (B, T, 1, 1, 1)
             x = turned.gather(-1, step_rotation.expand(B, T, SIZE, SIZE, 1)).squeeze(-1)
         if self._jitter:
