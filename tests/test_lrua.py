@@ -452,6 +452,50 @@ def test_two_halves_with_carried_state_equal_one_pass(cfg):
     assert_states_close(s2, state, **TOL)
 
 
+def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
+    """Values, final state and the gradients of every parameter and of a given state, over
+    chunks of 4 steps and a remainder of 2, in float64 (one configuration: each compiles
+    several graphs, ~1 minute)."""
+    import torch_ntm.mann as mann_module
+
+    monkeypatch.setattr(mann_module, "COMPILED_CHUNK", 4)
+    cfg = CONFIGS[2]  # add vectors, learned key strength, usage decay 0.5
+    eager, compiled = build(**cfg), build(engine="compiled", **cfg)
+    assert compiled.state_dict().keys() == eager.state_dict().keys()
+    x = inputs((6, B, IN))
+    start = eager(inputs((3, B, IN), seed=4))[1]  # a state with memory, usage and reads
+    results = []
+    for mann in (eager, compiled):
+        given = MANNState(*(tuple(t.detach().clone().requires_grad_() for t in f)
+                            if isinstance(f, tuple) else f.detach().clone().requires_grad_()
+                            for f in start))
+        for state in (None, given):
+            y, final = mann(x, state)
+            loss = y.square().sum() + final.memory.sum() + final.reads.sum()
+            leaves = list(mann.parameters()) + ([*given.controller, given.memory, given.reads,
+                                                  given.read_weights] if state else [])
+            # with a given state, the learned initial (h, c) is unused: its gradient is None
+            results.append((y, final, torch.autograd.grad(loss, leaves, allow_unused=True)))
+    for (y, state, grads), (y_c, state_c, grads_c) in zip(results[:2], results[2:]):
+        torch.testing.assert_close(y_c, y, **TOL)
+        assert_states_close(state_c, state, **TOL)
+        assert [g is None for g in grads_c] == [g is None for g in grads]
+        for g, g_c in zip(grads, grads_c, strict=True):
+            if g is not None:
+                torch.testing.assert_close(g_c, g, **TOL)
+
+
+def test_compiled_engine_runs_the_eager_loop_without_gradients():
+    eager, compiled = build(), build(engine="compiled")
+    x = inputs()
+    with torch.no_grad():  # bitwise the eager loop: no graph compiled, nothing reassociated
+        assert torch.equal(compiled(x)[0], eager(x)[0])
+    assert "engine='compiled'" in repr(compiled) and "engine" not in compiled.config()
+    with pytest.raises(ValueError, match="unknown engine 'native'; valid engines: eager, "
+                                         "compiled"):
+        compiled.engine = "native"
+
+
 def test_batch_first_equals_time_major_transposed():
     mann, mann_bf = build(), build(batch_first=True)
     x = inputs()

@@ -219,6 +219,35 @@ def test_train_episodes_use_rotated_train_characters_only():
     assert all(c in test and r == 0 for row in _identify(test_batch, table) for c, _, r in row)
 
 
+def test_reflections_are_classes_of_their_own_in_training_only():
+    task = OmniglotTask(classes=5, jitter=False, reflections=True)
+    assert task.num_classes == 179 * 8
+    assert OmniglotTask(reflections=True, rotations=False).num_classes == 179
+    assert task.held_out().num_classes == 63  # held out: upright, as without reflections
+    images = load_characters().images
+    matches = {}  # image bytes -> every (character, transform) it is: some drawings are symmetric
+    for r in range(8):
+        turned = (images.flip(-1) if r >= 4 else images).rot90(r % 4, dims=(-2, -1))
+        for k in range(images.shape[0]):
+            for d in range(images.shape[1]):
+                matches.setdefault(turned[k, d].contiguous().numpy().tobytes(), set()).add((k, r))
+    batch = task.sample(32, _gen(14))
+    label = batch.targets.argmax(-1)
+    pixels = (batch.inputs[..., : omniglot.PIXELS] * 255).round().to(torch.uint8)
+    transforms = set()
+    for b in range(32):
+        classes = {}
+        for t in range(50):
+            found = matches[pixels[t, b].view(20, 20).numpy().tobytes()]
+            common = classes.setdefault(int(label[t, b]), found)
+            classes[int(label[t, b])] = common & found
+        for (common,) in classes.values():  # exactly one transform of one character per class
+            transforms.add(common[1])
+    assert transforms == set(range(8))
+    with pytest.raises(ValueError, match="reflections must be True or False"):
+        OmniglotTask(reflections=None)
+
+
 def test_jitter_moves_pixels_and_zero_jitter_is_identity():
     plain = OmniglotTask(jitter=False).sample(4, _gen(7))
     jittered = OmniglotTask().sample(4, _gen(7))

@@ -37,7 +37,7 @@ __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VEC
 # How `MANN.forward` computes the sequence (the same function, to float rounding, on both):
 # "eager" is the loop of `MANNCell` steps; "compiled", when gradients are recorded, runs the input
 # side of the LSTM for all steps as one matrix product and the rest in chunks of
-# `COMPILED_CHUNK` steps, each chunk one `torch.compile` graph, forward and backward (2-2.5x the
+# `COMPILED_CHUNK` steps, each chunk one `torch.compile` graph, forward and backward (about 2x the
 # eager loop's training episodes/s on this CPU; under ``no_grad`` it runs the eager loop).
 ENGINES = ("eager", "compiled")
 COMPILED_CHUNK = 10
@@ -390,8 +390,8 @@ class MANN(_MANNBase):
         n = self.input_size
         projected = F.linear(x, cell.weight_ih[:, :n], cell.bias_ih + cell.bias_hh)  # (T, B, 4C)
         recurrent = torch.cat([cell.weight_ih[:, n:], cell.weight_hh], 1)  # (4C, H M + C)
-        # The learned initial (h, c) is a broadcast view; a copy gives every chunk the same
-        # kind of input, so one graph serves them all.
+        # The learned initial (h, c) is a broadcast view; a contiguous copy gives the first
+        # chunk the strides of the others (the static-shape graphs guard on strides).
         state = state._replace(controller=tuple(t.contiguous() for t in state.controller))
         run, outputs = _compiled_chunk(), []
         for start in range(0, x.shape[0], COMPILED_CHUNK):
