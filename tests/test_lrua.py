@@ -458,7 +458,11 @@ def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
     several graphs, ~1 minute)."""
     import torch_ntm.mann as mann_module
 
+    from torch._dynamo.utils import counters
+
     monkeypatch.setattr(mann_module, "COMPILED_CHUNK", 4)
+    torch._dynamo.reset()  # graphs from earlier tests would not count below
+    counters.clear()
     cfg = CONFIGS[2]  # add vectors, learned key strength, usage decay 0.5
     eager, compiled = build(**cfg), build(engine="compiled", **cfg)
     assert compiled.state_dict().keys() == eager.state_dict().keys()
@@ -476,6 +480,8 @@ def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
                                                   given.read_weights] if state else [])
             # with a given state, the learned initial (h, c) is unused: its gradient is None
             results.append((y, final, torch.autograd.grad(loss, leaves, allow_unused=True)))
+    # compiled, not a silent fallback to the eager loop (a graph break, the recompile limit)
+    assert counters["stats"]["unique_graphs"] >= 2 and not counters["graph_break"]
     for (y, state, grads), (y_c, state_c, grads_c) in zip(results[:2], results[2:]):
         torch.testing.assert_close(y_c, y, **TOL)
         assert_states_close(state_c, state, **TOL)
