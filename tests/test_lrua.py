@@ -456,9 +456,9 @@ def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
     """Values, final state and the gradients of every parameter and of a given state, over
     chunks of 4 steps and a remainder of 2, in float64 (one configuration: each compiles
     several graphs, ~1 minute)."""
-    import torch_ntm.mann as mann_module
-
     from torch._dynamo.utils import counters
+
+    import torch_ntm.mann as mann_module
 
     monkeypatch.setattr(mann_module, "COMPILED_CHUNK", 4)
     torch._dynamo.reset()  # graphs from earlier tests would not count below
