@@ -390,9 +390,15 @@ class MANN(_MANNBase):
         n = self.input_size
         projected = F.linear(x, cell.weight_ih[:, :n], cell.bias_ih + cell.bias_hh)  # (T, B, 4C)
         recurrent = torch.cat([cell.weight_ih[:, n:], cell.weight_hh], 1)  # (4C, H M + C)
-        # The learned initial (h, c) is a broadcast view; a contiguous copy gives the first
-        # chunk the strides of the others (the static-shape graphs guard on strides).
-        state = state._replace(controller=tuple(t.contiguous() for t in state.controller))
+        # The graphs specialise on strides and on which inputs need a gradient: the first chunk
+        # gets the later chunks' kind of state (contiguous, as the learned initial (h, c) is a
+        # broadcast view; gradient-requiring, where a fresh memory, usage and reads are
+        # constants), so one graph serves every chunk of a size. The extra gradients are cheap.
+        state = MANNState(
+            tuple(t.contiguous() for t in state.controller),
+            *(t if t.requires_grad or name == "least_used" else t.detach().requires_grad_()
+              for name, t in zip(MANNState._fields[1:], state[1:])),
+        )
         run, outputs = _compiled_chunk(), []
         for start in range(0, x.shape[0], COMPILED_CHUNK):
             y, state = run(self, projected[start : start + COMPILED_CHUNK], recurrent, state)
