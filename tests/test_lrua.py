@@ -497,8 +497,8 @@ def test_compiled_engine_runs_the_eager_loop_without_gradients():
     with torch.no_grad():  # bitwise the eager loop: no graph compiled, nothing reassociated
         assert torch.equal(compiled(x)[0], eager(x)[0])
     assert "engine='compiled'" in repr(compiled) and "engine" not in compiled.config()
-    with pytest.raises(ValueError, match="unknown engine 'native'; valid engines: eager, "
-                                         "compiled"):
+    with pytest.raises(ValueError, match="unknown engine 'native'; valid choices: compiled, "
+                                         "eager"):
         compiled.engine = "native"
 
 

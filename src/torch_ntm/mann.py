@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_ntm import functional as ntmf
-from torch_ntm.model import MEMORY_INIT_CONSTANT, LSTMController, _positive_int
+from torch_ntm.model import MEMORY_INIT_CONSTANT, LSTMController, _choice, _positive_int
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
 
@@ -334,9 +334,7 @@ class MANN(_MANNBase):
 
     @engine.setter
     def engine(self, value: str) -> None:
-        if value not in ENGINES:
-            raise ValueError(f"unknown engine {value!r}; valid engines: {', '.join(ENGINES)}")
-        self._engine = value
+        self._engine = _choice("engine", value, ENGINES)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
