@@ -43,6 +43,8 @@ def test_round_trip_restores_identical_outputs(tmp_path):
     ["optimizer=rmsprop", "clip_value=10", "memory_init=random"],
     ["optimizer=adam", "clip_spikes=1.5", "clip_norm=10"],  # the recent norms are resumed
     ["optimizer=adam", "log_every=3"],  # a resume between two training rows keeps the sums
+    # ... and the curriculum's size (raised at steps 3 and 6, on either side of the resume)
+    ["optimizer=adam", "log_every=3", "curriculum_start=1", "curriculum_bit_errors=1e9"],
 ])
 def test_resume_is_bit_identical(tmp_path, preset_args):
     steps = 8

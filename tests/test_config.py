@@ -178,3 +178,13 @@ def test_model_options_come_from_ntm_options_with_0_for_an_unbounded_cap():
     with pytest.raises(ConfigError, match=r"the model cannot be built from this config: "
                                           r"read_heads must be an integer >= 1, got 0"):
         resolve_config("copy", overrides=["read_heads=0"])
+
+
+def test_a_curriculum_must_start_at_a_size_of_the_task():
+    assert resolve_config("associative_recall", overrides=["curriculum_start=3"]).curriculum_start
+    with pytest.raises(ConfigError, match=r"curriculum_start=7 is above the task's own items"):
+        resolve_config("associative_recall", overrides=["curriculum_start=7"])
+    with pytest.raises(ConfigError, match="curriculum_start=1 is not a size of this task"):
+        resolve_config("associative_recall", overrides=["curriculum_start=1"])  # >= 2 items
+    with pytest.raises(ConfigError, match="curriculum_start=-1 is out of range"):
+        resolve_config("copy", overrides=["curriculum_start=-1"])

@@ -256,6 +256,27 @@ def test_with_size(name):
     assert _size_of(name, task, task.sample(64, _gen(0))) <= set(range(1, task.train_size + 1))
 
 
+@pytest.mark.parametrize("name", NAMES)
+def test_up_to_caps_the_size_and_keeps_the_rest_of_the_distribution(name):
+    task = SMALL[name]
+    assert task.up_to(task.train_size) == task
+    capped = task.up_to(3)
+    assert type(capped) is type(task) and capped.train_size == 3
+    sizes = _size_of(name, capped, capped.sample(64, _gen(1)))
+    if task.size_range is None:  # a fixed size: exactly the cap
+        assert capped == task.with_size(3) and sizes == {3}
+    else:  # a range: its low end is kept, only the high end comes down
+        low, high = task.size_range
+        assert getattr(capped, low) == getattr(task, low) and getattr(capped, high) == 3
+        assert sizes == set(range(getattr(task, low), 4))
+        others = {f: v for f, v in vars(task).items() if f not in (low, high)}
+        assert {f: getattr(capped, f) for f in others} == others
+    # Below the low end of a range, the low end comes down with it.
+    assert CopyTask(min_length=5, max_length=10).up_to(2) == CopyTask(min_length=2, max_length=2)
+    with pytest.raises(ValueError, match="size"):
+        task.up_to(0)
+
+
 def test_paper_defaults():
     expected = {  # input_size, output_size, train_size, size_name
         "copy": (9, 8, 20, "length"),

@@ -269,3 +269,34 @@ def test_eval_memory_size_is_checked_and_ignored_by_the_lstm_baseline():
         resolve_config("copy", overrides=["eval_memory_size=-1"])
     assert resolve_config("copy").eval_overrides() == {"memory_size": 256}
     assert resolve_config("copy", "lstm", ["eval_memory_size=64"]).eval_overrides() == {}
+
+
+@pytest.mark.parametrize("threshold, expected", [
+    (1e9, [1, 1, 2, 2, 3, 3, 4, 4]),  # met at every training row: one size up each time
+    (0.0, [2] * 8),  # an untrained model has wrong bits: it stays at the start
+])
+def test_a_curriculum_raises_the_training_size_when_the_training_rows_meet_it(
+        tmp_path, monkeypatch, threshold, expected):
+    from torch_ntm.tasks import CopyTask
+
+    drawn = []
+    real = CopyTask._sample
+
+    def recording(self, batch_size, generator):
+        drawn.append(self.max_length)
+        return real(self, batch_size, generator)
+
+    monkeypatch.setattr(CopyTask, "_sample", recording)
+    start = expected[0]
+    config = resolve_config("copy", overrides=[
+        "task.max_length=4", "task.width=3", "memory_size=8", "memory_width=4",
+        "controller_size=8", "batch_size=2", "max_sequences=16", "eval_every=100", "log_every=2",
+        "engine=fast", "eval_sizes=", f"curriculum_start={start}",
+        f"curriculum_bit_errors={threshold}"])
+    drawn.clear()  # the config's checks draw sequences too
+    train(config, tmp_path / "run", progress=False)
+    assert drawn[-8:] == expected  # the 8 training batches, after the validation sets
+    assert drawn[:-8] and all(size == 4 for size in drawn[:-8])  # validation: the task's own sizes
+    rows = [r["split"] for r in read_metrics(tmp_path / "run" / "metrics.csv")]
+    assert [s for s in rows if s.startswith("curriculum")] == [
+        f"curriculum@{n}" for n in sorted(set(expected[1:]) - {start})]

@@ -84,6 +84,13 @@ class TrainConfig(NTMOptions):
     # best validation and multiplies the learning rate by lr_decay. A converged model that falls
     # apart is caught and put back. <0 disables.
     rollback_bit_errors: float = -1.0
+    # A curriculum: train first on sizes up to curriculum_start (the task's main size knob:
+    # copy length, recall items; `Task.up_to`), and go up one size each time the training rows'
+    # bit errors per sequence (over log_every steps) fall to curriculum_bit_errors or below,
+    # until the task's own sizes. Validation and stopping use the task's own distribution
+    # throughout. 0 disables.
+    curriculum_start: int = 0
+    curriculum_bit_errors: float = 0.5
     # Budget and stopping.
     max_sequences: int = 2_000_000
     max_seconds: float = 0.0  # wall-clock budget; 0 means none
@@ -196,6 +203,17 @@ class TrainConfig(NTMOptions):
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
         check_sequence_steps(self, source)
+        if self.curriculum_start:
+            task, start = self.task_params, self.curriculum_start
+            if start > task.train_size:
+                raise ConfigError(f"{source}: curriculum_start={start} is above the task's own "
+                                  f"{task.size_name} ({task.train_size}); set it lower, or 0 "
+                                  f"for none")
+            try:
+                task.up_to(start)
+            except ValueError as e:
+                raise ConfigError(f"{source}: curriculum_start={start} is not a size of this "
+                                  f"task: {e}") from None
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
@@ -233,6 +251,8 @@ _RANGES = {
     "eval_size_sequences": _AT_LEAST_1,
     "eval_memory_size": (lambda v: v >= 0, "an integer >= 0 (0: memory_size)"),
     "clip_spikes": (lambda v: v == 0 or _finite(1)(v), "0 (off) or a finite number >= 1"),
+    "curriculum_start": (lambda v: v >= 0, "an integer >= 0 (0 disables)"),
+    "curriculum_bit_errors": (_finite(0), "a finite number >= 0"),
     **{key: (_finite(-math.inf), "a finite number (< 0 disables)")
        for key in ("lr_decay_bit_errors", "rollback_bit_errors", "stop_bit_errors")},
 }

@@ -8,6 +8,8 @@ and ``perfect`` (fraction of sequences without a wrong bit). The splits:
 - ``val``: the fixed validation set from the training distribution;
 - ``val@SIZE``: a generalisation set at task size ``SIZE`` (``eval_sizes``);
 - ``rollback``: the best validation's metrics, put back after a later one fell apart.
+- ``curriculum@SIZE``: no values; from this step on the curriculum trains on sizes up to
+  ``SIZE`` (``curriculum_start``).
 
 A task with `extra_metrics` (Omniglot: ``accuracy_1`` .. ``accuracy_10``, accuracy at the k-th
 instance of a class) adds them as columns after these, filled on its validation rows.

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import ClassVar, NamedTuple
 
 import torch
@@ -30,6 +31,9 @@ class Task:
     size_name: ClassVar[str]  # what `with_size` sets, e.g. "length"
     eval_sizes: ClassVar[tuple[int, ...]]  # default sizes for generalisation tests
     loss: ClassVar[str] = "bce"  # how targets are scored: one of `LOSSES`
+    # The fields (low, high) of the training range of the main size knob, for tasks that draw it
+    # from a range; `up_to` lowers the high end.
+    size_range: ClassVar[tuple[str, str] | None] = None
 
     @property
     def input_size(self) -> int:
@@ -47,6 +51,19 @@ class Task:
     def with_size(self, size: int) -> Task:
         """A copy of this task that generates exactly ``size`` of its main size knob."""
         raise NotImplementedError
+
+    def up_to(self, size: int) -> Task:
+        """A copy of this task whose sizes go up to ``size`` at most: a step of a curriculum.
+
+        A task that draws its size from a range keeps the low end (lowered to ``size`` if above
+        it) and the rest of its distribution; one with a fixed size generates exactly ``size``.
+        ``up_to(train_size)`` is the task itself.
+        """
+        _check_int("size", size, 1)
+        if self.size_range is None:
+            return self if size == self.train_size else self.with_size(size)
+        low, high = self.size_range
+        return dataclasses.replace(self, **{low: min(getattr(self, low), size), high: size})
 
     def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
         raise NotImplementedError

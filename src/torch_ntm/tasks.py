@@ -96,6 +96,7 @@ class CopyTask(Task):
 
     name: ClassVar[str] = "copy"
     size_name: ClassVar[str] = "length"
+    size_range: ClassVar[tuple[str, str]] = ("min_length", "max_length")
     eval_sizes: ClassVar[tuple[int, ...]] = (20, 30, 50, 80, 120)
 
     def __post_init__(self) -> None:
@@ -165,6 +166,7 @@ class RepeatCopyTask(Task):
 
     name: ClassVar[str] = "repeat_copy"
     size_name: ClassVar[str] = "length"
+    size_range: ClassVar[tuple[str, str]] = ("min_length", "max_length")
     eval_sizes: ClassVar[tuple[int, ...]] = (10, 15, 20)
     eval_repeats: ClassVar[tuple[int, ...]] = (10, 15, 20)  # for `with_repeats`
 
@@ -248,6 +250,7 @@ class AssociativeRecallTask(Task):
 
     name: ClassVar[str] = "associative_recall"
     size_name: ClassVar[str] = "items"
+    size_range: ClassVar[tuple[str, str]] = ("min_items", "max_items")
     eval_sizes: ClassVar[tuple[int, ...]] = (6, 8, 10, 12, 15)
 
     def __post_init__(self) -> None:

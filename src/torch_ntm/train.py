@@ -255,10 +255,13 @@ class _State:
     streak: int = 0  # validations that met the stopping criterion (see `train`)
     lr_decayed: bool = False  # the one decay of lr_decay_bit_errors is done
     rollbacks: int = 0
+    # The curriculum's largest size now (config.curriculum_start, then up); 0 once it reaches
+    # the task's own sizes, or without one.
+    curriculum_size: int = 0
     # Cost bits, wrong bits and sequences of the training batches since the last "train" row.
     running: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
 
-    EXTRA = ("nan_steps", "streak", "lr_decayed", "rollbacks", "running")
+    EXTRA = ("nan_steps", "streak", "lr_decayed", "rollbacks", "curriculum_size", "running")
 
     def extra(self) -> dict:
         return {key: getattr(self, key) for key in self.EXTRA}
@@ -292,6 +295,8 @@ class _Run:
         self.saved_step = -1
         if resume:
             self._restore(load_checkpoint(run_dir))
+        elif config.curriculum_start < self.task.train_size:
+            self.state.curriculum_size = config.curriculum_start
         self.log = None
         if self.world.main:
             run_dir.mkdir(parents=True, exist_ok=True)
@@ -350,7 +355,10 @@ class _Run:
         """One optimizer step on a fresh batch; the update is skipped if a gradient is not
         finite (one bad batch must not destroy the model)."""
         config, state = self.config, self.state
-        batch = self.task.sample(config.batch_size, self.data_gen)
+        task = self.task
+        if state.curriculum_size:
+            task = task.up_to(state.curriculum_size)
+        batch = task.sample(config.batch_size, self.data_gen)
         inputs, targets, mask = (t[:, self.local].to(self.world.device) for t in batch)
         logits, _ = self.train_model(inputs)
         per_seq = self.objective.loss(logits, targets, mask)
@@ -374,6 +382,11 @@ class _Run:
         values = {"cost_bits": cost / n, "bit_errors": errors / n}
         self._write("train", values)
         self.state.running = [0.0, 0.0, 0.0]
+        size = self.state.curriculum_size
+        if size and values["bit_errors"] <= self.config.curriculum_bit_errors:
+            size += 1  # a row "curriculum@SIZE": from here on, sizes up to SIZE
+            self._write(f"curriculum@{size}", {})
+            self.state.curriculum_size = 0 if size >= self.task.train_size else size
         return values
 
     def _write(self, split: str, values: dict) -> None:
