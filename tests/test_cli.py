@@ -165,6 +165,36 @@ def test_evaluate_with_changed_task_parameters(trained, capsys):
         assert capsys.readouterr().err.strip() == message
 
 
+def test_evaluate_repeat_copy_by_length_and_repeats(tmp_path, capsys):
+    run = tmp_path / "rc"
+    tiny = [a.replace("task.max_length=3", "task.max_length=2") for a in TINY]
+    assert main(["train", "repeat_copy", "--out", str(run), "--no-plots", *tiny,
+                 "--set", "task.max_repeats=2"]) == 0
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--lengths", "3,2", "--repeats", "4,1", "--sequences",
+                 "5", "--json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [(r["length"], r["repeats"]) for r in rows] == [(2, 1), (2, 4), (3, 1), (3, 4)]
+    for r in rows:
+        assert r["sequences"] == 5 and 0 <= r["end_marker_wrong"] <= 1
+        # data bits and marker bits make up the bit errors: at most one marker bit per step
+        marker_bits = r["bit_errors"] - r["data_bit_errors"]
+        assert 0 <= marker_bits <= r["repeats"] * r["length"] + 1
+        assert (marker_bits > 0) == (r["end_marker_wrong"] > 0)
+    # More repeats are more bits to get wrong for the untrained model.
+    assert rows[1]["cost_bits"] > rows[0]["cost_bits"]
+    assert main(["evaluate", str(run), "--lengths", "2", "--repeats", "3", "--sequences",
+                 "2"]) == 0
+    header = capsys.readouterr().out.splitlines()[0].split()
+    assert header[:3] == ["length", "repeats", "sequences"] and header[-1] == "end_marker_wrong"
+
+
+def test_evaluate_repeats_is_refused_for_other_tasks(trained, capsys):
+    assert main(["evaluate", str(trained), "--repeats", "3"]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == "ntm: error: --repeats applies to repeat_copy, not copy"
+
+
 @pytest.mark.parametrize("heads, grid", [((1, 1), (1, 2)), ((2, 3), (2, 3)), ((0, 5), (1, 5))])
 def test_attention_figure_has_a_panel_for_every_head(heads, grid, tmp_path, monkeypatch):
     import torch

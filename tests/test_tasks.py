@@ -391,6 +391,27 @@ def test_repeat_copy_count_channel_and_with_repeats():
     assert torch.equal(batch.targets, targets) and torch.equal(batch.mask, mask)
 
 
+def test_repeat_copy_scores_data_bits_and_end_marker_apart():
+    task = RepeatCopyTask(width=3, max_length=4, max_repeats=3)
+    inputs, targets, mask = task.sample(5, _gen(2))
+    logits = (targets * 2 - 1) * 4  # every bit right
+    assert task.extra_scores(logits, targets, mask) == {"data_bit_errors": 0.0,
+                                                        "end_marker_wrong": 0.0}
+    steps = [mask[:, b].nonzero().flatten() for b in range(5)]
+    logits[steps[0][0], 0, 1] *= -1  # sequence 0: two data bits wrong
+    logits[steps[0][-2], 0, 2] *= -1
+    logits[steps[1][-1], 1, 3] *= -1  # sequence 1: the marker missing on its step
+    logits[steps[2][0], 2, 3] *= -1  # sequence 2: the marker raised early, twice
+    logits[steps[2][1], 2, 3] *= -1
+    logits[steps[3][-1] + 1:, 3] = 4  # sequence 3: after its last scored step, not scored
+    scores = task.extra_scores(logits, targets, mask)
+    assert scores == {"data_bit_errors": 2 / 5, "end_marker_wrong": 2 / 5}
+    # The two split the bit errors: data bits plus marker bits.
+    wrong = ((logits > 0) != (targets > 0.5)) & mask.unsqueeze(-1)
+    assert wrong[..., 3].sum() == 3 and wrong.sum() / 5 == pytest.approx(
+        scores["data_bit_errors"] + 3 / 5)
+
+
 def test_repeat_copy_with_size_keeps_repeats():
     sized = RepeatCopyTask().with_size(20)
     assert (sized.min_repeats, sized.max_repeats, sized.repeats_norm) == (1, 10, 10.0)

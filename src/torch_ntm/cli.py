@@ -75,6 +75,9 @@ def _parser() -> argparse.ArgumentParser:
                    "the run's eval_memory_size, else its memory_size")
     p.add_argument("--sequences", type=int, default=None,
                    help="sequences per size (100); omniglot: held-out episodes (1000)")
+    p.add_argument("--repeats", type=_int_list, default=None, metavar="R1,R2,...",
+                   help="repeat_copy: a row for every length and every one of these numbers of "
+                   "repeats (data bit errors and end-marker failures apart)")
     p.add_argument("--task-set", dest="task_overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="change a task parameter for the evaluation, e.g. "
                    "--task-set min_repeats=20 --task-set max_repeats=20 (repeatable)")
@@ -318,7 +321,17 @@ def _cmd_evaluate(args) -> int:
     sizes = args.lengths or list(task.eval_sizes)
     for size in sizes:
         _check_size(task, size, "--lengths")
-    rows = evaluate_sizes(model, task, sizes, num_sequences=args.sequences or 100)
+    num = args.sequences or 100
+    if args.repeats is None:
+        rows = evaluate_sizes(model, task, sizes, num_sequences=num)
+    elif not hasattr(task, "with_repeats"):
+        raise ConfigError(f"--repeats applies to repeat_copy, not {task.name}")
+    else:  # one row per (length, repeats), lengths first
+        rows = [{task.size_name: row.pop(task.size_name), "repeats": repeats, **row}
+                for repeats in args.repeats
+                for row in evaluate_sizes(model, task.with_repeats(repeats), sizes,
+                                          num_sequences=num)]
+        rows.sort(key=lambda row: (row[task.size_name], row["repeats"]))
     if args.json:
         print(json.dumps(rows, indent=2))
     else:

@@ -197,6 +197,22 @@ class RepeatCopyTask(Task):
         """A copy that always asks for exactly ``repeats`` copies (``repeats_norm`` unchanged)."""
         return dataclasses.replace(self, min_repeats=repeats, max_repeats=repeats)
 
+    @property
+    def extra_metrics(self) -> tuple[str, ...]:
+        """``data_bit_errors``: wrong data bits per sequence (channels 0..width-1);
+        ``end_marker_wrong``: the fraction of sequences whose end-marker channel is wrong on
+        some scored step (not raised exactly on the step after the last copy, or raised early).
+        The paper's model failed on the marker first at more repeats than trained on, so the
+        two are counted apart; their bit errors add up to ``bit_errors``."""
+        return ("data_bit_errors", "end_marker_wrong")
+
+    def extra_scores(self, logits: Tensor, targets: Tensor, mask: Tensor) -> dict[str, float]:
+        """`extra_metrics`' means over the batch (time-major ``[T, B, width + 1]``)."""
+        wrong = ((logits > 0) != (targets > 0.5)) & mask.unsqueeze(-1)  # (T, B, W + 1)
+        data = wrong[..., : self.width].sum((0, 2)).double()  # (B,)
+        marker = wrong[..., self.width].any(0).double()  # (B,)
+        return {"data_bit_errors": float(data.mean()), "end_marker_wrong": float(marker.mean())}
+
     def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
         W, B = self.width, batch_size
         length = _randint(self.min_length, self.max_length, B, generator)  # L, (B,)
