@@ -122,6 +122,29 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
     assert resolve_config("copy", "ntm-lstm-paper").lr_decay_bit_errors < 0
 
 
+def test_lr_milestones_decay_the_rate_as_training_passes_them(tmp_path):
+    import json
+
+    tiny = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+            "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",
+            "engine=fast", "lr=0.01", "lr_decay=0.5", "log_every=1"]
+
+    def lr_of(run):
+        record = json.loads((run / "checkpoint.json").read_text())
+        return record["optimizer"]["param_groups"][0]["lr"]
+
+    # Batches of 2: 5 is passed by the step that reaches 6; 8 by the step that reaches 8.
+    config = resolve_config("copy", overrides=[*tiny, "lr_milestones=5,8", "max_sequences=6"])
+    train(config, tmp_path / "run", progress=False)
+    assert lr_of(tmp_path / "run") == pytest.approx(0.005)
+    # Resumed: a milestone already passed does not fire again; the next one does.
+    train(dataclasses.replace(config, max_sequences=10), tmp_path / "run", resume=True,
+          progress=False)
+    assert lr_of(tmp_path / "run") == pytest.approx(0.0025)
+    with pytest.raises(ValueError, match=r"lr_milestones=\[8, 5\] must increase"):
+        resolve_config("copy", overrides=[*tiny, "lr_milestones=8,5"])
+
+
 def _scripted_validations(monkeypatch, script):
     """Make the trainer's validations return ``script``'s (cost, bit errors) in turn, and record
     the weights each one saw."""

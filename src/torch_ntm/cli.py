@@ -239,9 +239,10 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
 
 
 # Keys that do not change the model or the data, so a run may be resumed with new values; a new
-# lr replaces the optimizer's current rate (to fine-tune a run at a lower one).
+# lr replaces the optimizer's current rate (to fine-tune a run at a lower one), and milestones
+# not yet passed apply from the resumed step on.
 _RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_bit_errors",
-              "patience_evals", "threads", "device", "lr"}
+              "patience_evals", "threads", "device", "lr", "lr_milestones"}
 
 
 def _print_generalisation(run_dir: Path) -> None:

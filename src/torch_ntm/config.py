@@ -84,6 +84,10 @@ class TrainConfig(NTMOptions):
     # best validation and multiplies the learning rate by lr_decay. A converged model that falls
     # apart is caught and put back. <0 disables.
     rollback_bit_errors: float = -1.0
+    # A step schedule: the learning rate is multiplied by lr_decay as training passes each of
+    # these numbers of sequences (in increasing order), for tasks without a solved state to
+    # decay at (n-grams, priority sort). Empty: none.
+    lr_milestones: list[int] = field(default_factory=list)
     # A curriculum: train first on sizes up to curriculum_start (the task's main size knob:
     # copy length, recall items; `Task.up_to`), and go up one size each time the training rows'
     # bit errors per sequence (over log_every steps) fall to curriculum_bit_errors or below,
@@ -203,6 +207,9 @@ class TrainConfig(NTMOptions):
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
         check_sequence_steps(self, source)
+        if any(a >= b for a, b in zip(self.lr_milestones, self.lr_milestones[1:])):
+            raise ConfigError(f"{source}: lr_milestones={self.lr_milestones} must increase "
+                              f"(numbers of training sequences, e.g. 400000,600000)")
         if self.curriculum_start:
             task, start = self.task_params, self.curriculum_start
             if start > task.train_size:

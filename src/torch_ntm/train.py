@@ -369,7 +369,11 @@ class _Run:
         else:
             state.nan_steps += 1
         state.step += 1
+        passed = state.sequences
         state.sequences += config.batch_size
+        for milestone in config.lr_milestones:
+            if passed < milestone <= state.sequences:
+                _scale_lr(self.optimizer, config.lr_decay)
         with torch.no_grad():
             state.running[0] += float(per_seq.sum()) / math.log(2)
             state.running[1] += float(self.objective.errors(logits, targets, mask).sum())
