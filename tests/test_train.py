@@ -91,16 +91,22 @@ def test_the_default_native_engine_trains_like_the_compiled_fast_and_eager_engin
     assert costs["fast"] == pytest.approx(costs["eager"], rel=1e-3)
 
 
-def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold(tmp_path):
+# A copy model small enough that a few steps take well under a second, learning at lr 0.01.
+_TINY_LR = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+            "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",
+            "engine=fast", "lr=0.01"]
+
+
+def _lr_of(run):
+    """The learning rate a run's checkpoint saved with its optimizer."""
     import json
 
-    tiny = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
-            "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",
-            "engine=fast", "lr=0.01", "lr_decay=0.25"]
+    record = json.loads((run / "checkpoint.json").read_text())
+    return record["optimizer"]["param_groups"][0]["lr"]
 
-    def lr_of(run):
-        record = json.loads((run / "checkpoint.json").read_text())
-        return record["optimizer"]["param_groups"][0]["lr"]
+
+def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold(tmp_path):
+    tiny, lr_of = [*_TINY_LR, "lr_decay=0.25"], _lr_of
 
     # A threshold every validation meets: decayed at the first one, and never again (also not
     # after a resume, which restores the decayed rate with the optimizer state).
@@ -123,15 +129,7 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
 
 
 def test_lr_milestones_decay_the_rate_as_training_passes_them(tmp_path):
-    import json
-
-    tiny = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
-            "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",
-            "engine=fast", "lr=0.01", "lr_decay=0.5", "log_every=1"]
-
-    def lr_of(run):
-        record = json.loads((run / "checkpoint.json").read_text())
-        return record["optimizer"]["param_groups"][0]["lr"]
+    tiny, lr_of = [*_TINY_LR, "lr_decay=0.5", "log_every=1"], _lr_of
 
     # Batches of 2: 5 is passed by the step that reaches 6; 8 by the step that reaches 8.
     config = resolve_config("copy", overrides=[*tiny, "lr_milestones=5,8", "max_sequences=6"])
