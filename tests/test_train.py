@@ -159,6 +159,28 @@ def _scripted_validations(monkeypatch, script):
     return seen
 
 
+def test_a_task_with_a_reference_cost_keeps_the_weights_of_the_lowest_cost(tmp_path,
+                                                                           monkeypatch):
+    # N-grams' targets are random: the run keeps the lowest cost, not the fewest wrong bits.
+    import torch_ntm.train as module
+    from torch_ntm.checkpoint import load_checkpoint
+
+    script = [(130.0, 45.0), (129.0, 46.0), (131.0, 44.0)]
+
+    def scripted(model, batches):
+        cost, errors = script.pop(0)
+        return {"cost_bits": cost, "bit_errors": errors, "perfect": 0.0,
+                "reference_cost_bits": 128.0}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    config = resolve_config("ngrams", overrides=[
+        "task.length=10", "memory_size=8", "memory_width=4", "controller_size=8", "batch_size=2",
+        "eval_every=1", "max_sequences=6", "engine=fast", "eval_sequences=2"])
+    train(config, tmp_path / "run", progress=False)
+    _, _, kept = load_checkpoint(tmp_path / "run").best()
+    assert kept["cost_bits"] == 129.0 and kept["bit_errors"] == 46.0
+
+
 ROLLBACK_TINY = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
                  "controller_size=8", "batch_size=2", "eval_every=1", "max_sequences=8",
                  "engine=fast", "lr=0.01", "lr_decay=0.25", "lr_decay_bit_errors=-1",

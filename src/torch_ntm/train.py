@@ -179,7 +179,10 @@ def _score(metrics: dict) -> tuple:
     """Order of validations, best first: fewest wrong bits in the training distribution, then
     fewest at the generalisation sizes (``eval_sizes``; none validated counts as infinitely
     many), then the lowest cost. For a label task: fewest wrong labels per episode on the held-out
-    data, then the lowest cross-entropy (it has no ``eval_sizes``)."""
+    data, then the lowest cross-entropy (it has no ``eval_sizes``). A task with a reference cost
+    (n-grams) has random targets and no bit-exact solution: the lowest cost alone."""
+    if "reference_cost_bits" in metrics:
+        return (metrics["cost_bits"],)
     general = metrics.get("general_bit_errors")
     return (metrics["bit_errors"], math.inf if general is None else general, metrics["cost_bits"])
 
