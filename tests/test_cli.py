@@ -30,6 +30,25 @@ def test_train_writes_a_complete_run_directory(trained, capsys):
     assert read_metrics(trained / "metrics.csv", "val")
 
 
+def test_train_reports_the_kept_weights_when_a_later_validation_did_worse(tmp_path, monkeypatch,
+                                                                         capsys):
+    import torch_ntm.train as module
+
+    script = [(4.0, 0.0), (40.0, 9.0)]  # two validations: solved, then fallen apart
+
+    def scripted(model, batches):
+        cost, errors = script.pop(0)
+        return {"cost_bits": cost, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    assert main(["train", "copy", "--out", str(tmp_path / "run"), "--no-plots", *TINY,
+                 "--set", "eval_sizes=", "--set", "rollback_bit_errors=-1"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "last validation: cost_bits=40, bit_errors=9, perfect=0" in out
+    assert ("kept weights (the best validation; below and in ntm evaluate): cost_bits=4, "
+            "bit_errors=0, perfect=1") in out
+
+
 def test_evaluate_json_reports_each_size(trained, capsys):
     assert main(["evaluate", str(trained), "--lengths", "2,5", "--sequences", "8", "--json"]) == 0
     rows = json.loads(capsys.readouterr().out)

@@ -216,7 +216,12 @@ def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
     return run_dir
 
 
+def _metrics_line(metrics: dict) -> str:
+    return ", ".join(f"{k}={v:.4g}" for k, v in metrics.items())
+
+
 def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
+    from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.train import train
 
     started = time.perf_counter()
@@ -228,7 +233,11 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     status = "converged" if result.converged else "stopped (budget)"
     print(f"{status} after {result.sequences} sequences, {result.step} steps, "
           f"{wall:.1f} s wall this session ({result.elapsed_s:.1f} s training in total)")
-    print("validation: " + ", ".join(f"{k}={v:.4g}" for k, v in result.metrics.items()))
+    print("last validation: " + _metrics_line(result.metrics))
+    kept = load_checkpoint(run_dir).best()
+    if kept is not None and kept[2] != result.metrics:  # a later validation did worse
+        print("kept weights (the best validation; below and in ntm evaluate): "
+              + _metrics_line(kept[2]))
     _print_generalisation(run_dir)
     if not args.no_plots:
         from torch_ntm.plot import plot_run
