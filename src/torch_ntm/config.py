@@ -371,10 +371,11 @@ PRESETS: dict[str, dict[str, dict]] = {
         # cannot count time steps, so it loops over the stored rows by their content and
         # generalises in length (93% perfect at L = 15, 46% at L = 20, R = 10; the NTM-LSTM 0%).
         # Validated at L = 15 and 20 once L <= 10 is solved, keeping the weights best there.
+        # The budget is the shipped run's (600 s here): with seed 3 it gives its weights bitwise.
         "ntm-ff": {**_NTM_FF, "controller_size": 100, "optimizer": "adam", "lr": 1e-3,
                    "batch_size": 16, "clip_value": 0.0, "clip_norm": 10.0, "clip_spikes": 2.0,
                    "eval_every": 200, "stop_bit_errors": 0.0, "eval_sizes": [15, 20],
-                   "max_sequences": 375_000, **_STABLE},
+                   "max_sequences": 373_808, **_STABLE},
         "lstm": {**_LSTM, "controller_size": 512, "lr": 3e-5, **_PAPER_OPT},
     },
     "associative_recall": {
