@@ -34,6 +34,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torch_ntm.metrics import bit_errors
 from torch_ntm.omniglot import OmniglotTask
 from torch_ntm.task_base import Batch, Task, _check_int
 
@@ -208,10 +209,11 @@ class RepeatCopyTask(Task):
 
     def extra_scores(self, logits: Tensor, targets: Tensor, mask: Tensor) -> dict[str, float]:
         """`extra_metrics`' means over the batch (time-major ``[T, B, width + 1]``)."""
-        wrong = ((logits > 0) != (targets > 0.5)) & mask.unsqueeze(-1)  # (T, B, W + 1)
-        data = wrong[..., : self.width].sum((0, 2)).double()  # (B,)
-        marker = wrong[..., self.width].any(0).double()  # (B,)
-        return {"data_bit_errors": float(data.mean()), "end_marker_wrong": float(marker.mean())}
+        W = self.width
+        data = bit_errors(logits[..., :W], targets[..., :W], mask)  # (B,)
+        marker = bit_errors(logits[..., W:], targets[..., W:], mask) > 0  # (B,)
+        return {"data_bit_errors": float(data.double().mean()),
+                "end_marker_wrong": float(marker.double().mean())}
 
     def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
         W, B = self.width, batch_size
