@@ -354,6 +354,12 @@ class Checkpoint:
         self.load_weights_into(model, None if best is None else best[0])
         return model
 
+    @property
+    def best_metrics(self) -> dict | None:
+        """The metrics of the best validation the run recorded (read from the record, no
+        weights loaded), or None where `best` is None."""
+        return self._record.get("best_metrics", {}) if "best" in self._record else None
+
     def best(self) -> tuple[dict, dict | None, dict] | None:
         """The best validation the run recorded, ``(weights, optimizer state_dict or None,
         metrics)``, or None (checkpoints of older versions, shipped models)."""
@@ -368,7 +374,7 @@ class Checkpoint:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CheckpointError(f"{self.path}: invalid checkpoint record (best_optimizer: "
                                   f"{e})") from None
-        return weights, optimizer, rec.get("best_metrics", {})
+        return weights, optimizer, self.best_metrics
 
     def load_weights_into(self, model: nn.Module, state_dict: dict | None = None) -> None:
         """Load the latest weights (or ``state_dict``) into ``model``."""

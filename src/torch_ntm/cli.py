@@ -234,11 +234,12 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     print(f"{status} after {result.sequences} sequences, {result.step} steps, "
           f"{wall:.1f} s wall this session ({result.elapsed_s:.1f} s training in total)")
     print("last validation: " + _metrics_line(result.metrics))
-    kept = load_checkpoint(run_dir).best()
-    if kept is not None and kept[2] != result.metrics:  # a later validation did worse
+    ckpt = load_checkpoint(run_dir)
+    kept = ckpt.best_metrics
+    if kept is not None and kept != result.metrics:  # a later validation did worse
         print("kept weights (the best validation; below and in ntm evaluate): "
-              + _metrics_line(kept[2]))
-    _print_generalisation(run_dir)
+              + _metrics_line(kept))
+    _print_generalisation(ckpt)
     if not args.no_plots:
         from torch_ntm.plot import plot_run
 
@@ -254,11 +255,11 @@ _RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_b
               "patience_evals", "threads", "device", "lr", "lr_milestones"}
 
 
-def _print_generalisation(run_dir: Path) -> None:
-    from torch_ntm.checkpoint import load_checkpoint
+def _print_generalisation(ckpt) -> None:
+    """The final table of `ntm train`: the kept weights of the run ``ckpt`` at the task's
+    generalisation sizes (a label task: accuracy by instance on held-out episodes)."""
     from torch_ntm.evaluate import evaluate_episodes, evaluate_sizes, format_table
 
-    ckpt = load_checkpoint(run_dir)
     task = ckpt.task()
     if task.loss != "bce":  # a label task: no sizes to generalise to, accuracy by instance
         _print_episodes(evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task),
