@@ -143,9 +143,9 @@ def test_lr_milestones_decay_the_rate_as_training_passes_them(tmp_path):
         resolve_config("copy", overrides=[*tiny, "lr_milestones=8,5"])
 
 
-def _scripted_validations(monkeypatch, script):
-    """Make the trainer's validations return ``script``'s (cost, bit errors) in turn, and record
-    the weights each one saw."""
+def _scripted_validations(monkeypatch, script, **extra):
+    """Make the trainer's validations return ``script``'s (cost, bit errors) in turn, with the
+    ``extra`` metrics, and record the weights each one saw."""
     import torch_ntm.train as module
 
     seen = []
@@ -153,7 +153,7 @@ def _scripted_validations(monkeypatch, script):
     def scripted(model, batches):
         seen.append({k: v.clone() for k, v in model.state_dict().items()})
         cost, errors = script[len(seen) - 1]
-        return {"cost_bits": cost, "bit_errors": errors, "perfect": float(errors == 0)}
+        return {"cost_bits": cost, "bit_errors": errors, "perfect": float(errors == 0), **extra}
 
     monkeypatch.setattr(module, "evaluate_batches", scripted)
     return seen
@@ -162,17 +162,10 @@ def _scripted_validations(monkeypatch, script):
 def test_a_task_with_a_reference_cost_keeps_the_weights_of_the_lowest_cost(tmp_path,
                                                                            monkeypatch):
     # N-grams' targets are random: the run keeps the lowest cost, not the fewest wrong bits.
-    import torch_ntm.train as module
     from torch_ntm.checkpoint import load_checkpoint
 
-    script = [(130.0, 45.0), (129.0, 46.0), (131.0, 44.0)]
-
-    def scripted(model, batches):
-        cost, errors = script.pop(0)
-        return {"cost_bits": cost, "bit_errors": errors, "perfect": 0.0,
-                "reference_cost_bits": 128.0}
-
-    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    _scripted_validations(monkeypatch, [(130.0, 45.0), (129.0, 46.0), (131.0, 44.0)],
+                          reference_cost_bits=128.0)
     config = resolve_config("ngrams", overrides=[
         "task.length=10", "memory_size=8", "memory_width=4", "controller_size=8", "batch_size=2",
         "eval_every=1", "max_sequences=6", "engine=fast", "eval_sequences=2"])
