@@ -188,3 +188,25 @@ def test_a_curriculum_must_start_at_a_size_of_the_task():
         resolve_config("associative_recall", overrides=["curriculum_start=1"])  # >= 2 items
     with pytest.raises(ConfigError, match="curriculum_start=-1 is out of range"):
         resolve_config("copy", overrides=["curriculum_start=-1"])
+
+
+def test_weight_decay_is_decoupled_with_adam_and_l2_with_rmsprop():
+    import torch
+
+    from torch_ntm.train import make_optimizer
+
+    for optimizer, want in (("adam", 1 - 0.01 * 0.5), ("rmsprop", None)):
+        config = resolve_config("copy", overrides=[f"optimizer={optimizer}", "lr=0.01",
+                                                   "weight_decay=0.5"])
+        weight = torch.nn.Parameter(torch.full((3,), 2.0))
+        opt = make_optimizer(config, [weight])
+        weight.grad = torch.zeros(3)  # no loss gradient: only the decay moves the weight
+        opt.step()
+        if want is not None:  # AdamW: w <- w (1 - lr wd) before a zero Adam step
+            torch.testing.assert_close(weight.detach(), torch.full((3,), 2.0 * want))
+        else:  # L2: gradient wd w = 1, RMSProp's first step moves by lr / sqrt(1 - alpha)
+            assert float(weight.detach()[0]) < 2.0 - 0.01
+    plain = make_optimizer(resolve_config("copy", overrides=["optimizer=adam"]), [weight])
+    assert type(plain) is torch.optim.Adam  # no decay: Adam itself, as runs before the key
+    with pytest.raises(ConfigError, match="weight_decay"):
+        resolve_config("copy", overrides=["weight_decay=-1"])

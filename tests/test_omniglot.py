@@ -426,3 +426,61 @@ def test_accuracy_by_instance_string_labels_need_every_character():
     assert got == {1: 1.0, 2: 0.0}
     with pytest.raises(ValueError, match="same shape"):
         accuracy_by_instance(logits[:2], targets)
+
+
+def _affine_oracle(x, angle, shift, scale, shear):
+    """Float64 bilinear sampling written apart from `omniglot._affine`: output pixel q (pixel
+    units, centre c) takes the input at M^-1 (q - c) + c - shift, M = rotation x scale x shear."""
+    import numpy as np
+
+    S = x.shape[-1]
+    c = (S - 1) / 2
+    out = np.zeros(x.shape)
+    img = x.double().numpy()
+    for n in range(x.shape[0]):
+        cos, sin = math.cos(angle[n]), math.sin(angle[n])
+        rot = np.array([[cos, -sin], [sin, cos]])  # inverse rotation, (x right, y down)
+        unshear = np.array([[1.0, -shear[n]], [0.0, 1.0]])
+        inverse = unshear @ rot / scale[n]
+        for i in range(S):  # row (y)
+            for j in range(S):  # column (x)
+                px, py = inverse @ np.array([j - c, i - c]) + c - np.array(shift[n])
+                x0, y0 = math.floor(px), math.floor(py)
+                value = 0.0
+                for yy, wy in ((y0, 1 - (py - y0)), (y0 + 1, py - y0)):
+                    for xx, wx in ((x0, 1 - (px - x0)), (x0 + 1, px - x0)):
+                        if 0 <= yy < S and 0 <= xx < S:
+                            value += wy * wx * img[n, yy, xx]
+                out[n, i, j] = value
+    return torch.from_numpy(out)
+
+
+def test_affine_with_scale_and_shear_matches_a_float64_oracle():
+    x = torch.rand(3, 20, 20, generator=_gen(21))
+    angle, scale, shear = [0.3, -0.2, 0.0], [1.3, 0.8, 1.0], [0.25, 0.0, -0.4]
+    shift = [[0.5, -1.0], [0.0, 0.0], [1.5, 0.25]]
+    got = omniglot._affine(x, torch.tensor(angle), torch.tensor(shift), torch.tensor(scale),
+                           torch.tensor(shear))
+    want = _affine_oracle(x, angle, shift, scale, shear)
+    torch.testing.assert_close(got.double(), want, atol=1e-5, rtol=0)
+    # enlarging by 2 doubles a centred square's side
+    square = torch.zeros(1, 20, 20)
+    square[:, 8:12, 8:12] = 1
+    big = omniglot._affine(square, torch.zeros(1), torch.zeros(1, 2), torch.tensor([2.0]))
+    assert abs(float(big.sum()) - 64) < 1e-3
+
+
+def test_scale_and_shear_jitter_change_images_and_leave_the_stream_alone():
+    plain = OmniglotTask().sample(4, _gen(7))
+    assert torch.equal(plain.inputs, OmniglotTask(max_scale=0.0, max_shear=0.0)
+                       .sample(4, _gen(7)).inputs)  # the default draws nothing more
+    for extra in ({"max_scale": 0.2}, {"max_shear": 0.3}):
+        batch = OmniglotTask(**extra).sample(4, _gen(7))
+        assert not torch.equal(plain.inputs, batch.inputs)
+        assert torch.equal(plain.targets, batch.targets)
+        x = batch.inputs[..., :400]
+        assert float(x.min()) >= 0 and float(x.max()) <= 1 + 1e-6
+    with pytest.raises(ValueError, match="max_scale"):
+        OmniglotTask(max_scale=-0.1)
+    with pytest.raises(ValueError, match="max_shear"):
+        OmniglotTask(max_shear=float("nan"))

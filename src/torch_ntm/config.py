@@ -68,6 +68,9 @@ class TrainConfig(NTMOptions):
     momentum: float = 0.9  # RMSProp momentum
     rmsprop_alpha: float = 0.95  # RMSProp decay of the squared-gradient average
     amsgrad: bool = False  # Adam: normalise by the running maximum of the squared-gradient average
+    # Weight decay: with Adam, decoupled (AdamW: each step shrinks every weight by lr x this);
+    # with RMSProp, torch's L2 term (this x the weight added to its gradient). 0 disables.
+    weight_decay: float = 0.0
     batch_size: int = 1
     clip_value: float = 10.0  # clip each gradient element to [-v, v]; 0 disables
     clip_norm: float = 0.0  # clip the global gradient norm; 0 disables
@@ -252,6 +255,7 @@ _RANGES = {
     "momentum": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
     "rmsprop_alpha": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
     "clip_value": (_finite(0), "a finite number >= 0 (0 disables)"),
+    "weight_decay": (_finite(0), "a finite number >= 0 (0 disables)"),
     "clip_norm": (_finite(0), "a finite number >= 0 (0 disables)"),
     "lr_decay": (_finite(0, 1, lo_open=True), "a number in (0, 1]"),
     "max_seconds": (_finite(0), "a finite number >= 0 (0 means no limit)"),

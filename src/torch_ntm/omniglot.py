@@ -260,9 +260,12 @@ class OmniglotTask(Task):
     effective only with rotations) each rotation's mirror image (columns reversed, then turned)
     is one more class (8 x 179). Each image is jittered: rotated by a
     uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
-    max_shift]`` pixels on each axis (bilinear, blank outside). The size knob of `with_size` is
-    ``instances``. Score with `accuracy_by_instance`; `instance_numbers` tells the k-th
-    occurrence of a class.
+    max_shift]`` pixels on each axis (bilinear, blank outside); with ``max_scale`` > 0 also
+    scaled about its centre by ``(1 + max_scale) ** u``, u uniform in [-1, 1] (as likely
+    shrunk as enlarged), and with ``max_shear`` > 0 sheared horizontally by a uniform factor in
+    ``[-max_shear, max_shear]`` (pixels of sideways move per pixel down), both off by default.
+    The size knob of `with_size` is ``instances``. Score with `accuracy_by_instance`;
+    `instance_numbers` tells the k-th occurrence of a class.
     """
 
     classes: int = 5
@@ -274,6 +277,8 @@ class OmniglotTask(Task):
     reflections: bool = False
     max_shift: float = 1.5
     max_angle: float = 10.0
+    max_scale: float = 0.0
+    max_shear: float = 0.0
     root: str | None = None
 
     name: ClassVar[str] = "omniglot"
@@ -297,7 +302,7 @@ class OmniglotTask(Task):
                 raise ValueError(f"OmniglotTask.{field} must be None, True or False")
         if not isinstance(self.reflections, bool):
             raise ValueError("OmniglotTask.reflections must be True or False")
-        for field in ("max_shift", "max_angle"):
+        for field in ("max_shift", "max_angle", "max_scale", "max_shear"):
             value = getattr(self, field)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value >= 0:
                 raise ValueError(f"OmniglotTask.{field} must be a number >= 0, got {value!r}")
@@ -411,7 +416,8 @@ class OmniglotTask(Task):
             step_rotation = rotation.gather(1, step_class)[..., None, None, None]  # (B, T, 1, 1, 1)
             x = turned.gather(-1, step_rotation.expand(B, T, SIZE, SIZE, 1)).squeeze(-1)
         if self._jitter:
-            x = _jitter(x.view(B * T, SIZE, SIZE), self.max_angle, self.max_shift, generator)
+            x = _jitter(x.view(B * T, SIZE, SIZE), self.max_angle, self.max_shift, generator,
+                        self.max_scale, self.max_shear)
         x = x.reshape(B, T, PIXELS)
         targets = labels.gather(1, step_class.unsqueeze(-1).expand(-1, -1, labels.shape[-1]))
         previous = F.pad(targets[:, :-1], (0, 0, 1, 0))  # y_{t-1}, zeros at t = 0
@@ -426,20 +432,34 @@ def _permutations(rows: int, n: int, generator: torch.Generator | None) -> Tenso
     return torch.rand(rows, n, generator=generator, dtype=torch.float64).argsort(dim=1)
 
 
-def _jitter(x: Tensor, max_angle: float, max_shift: float, generator) -> Tensor:
+def _jitter(x: Tensor, max_angle: float, max_shift: float, generator, max_scale: float = 0.0,
+            max_shear: float = 0.0) -> Tensor:
     """`_affine` with angles uniform in ``[-max_angle, max_angle]`` degrees and shifts uniform in
-    ``[-max_shift, max_shift]`` pixels per axis, one draw per image of ``x`` ``[N, S, S]``."""
-    u = torch.rand(x.shape[0], 3, generator=generator) * 2 - 1  # (N, 3) in [-1, 1)
-    return _affine(x, u[:, 0] * math.radians(max_angle), u[:, 1:] * max_shift)
+    ``[-max_shift, max_shift]`` pixels per axis, one draw per image of ``x`` ``[N, S, S]``; scale
+    factors ``(1 + max_scale) ** u`` and shears ``max_shear u`` (u uniform in [-1, 1)) when those
+    are > 0, drawn after the others, so that without them the random stream is unchanged."""
+    N = x.shape[0]
+    u = torch.rand(N, 3, generator=generator) * 2 - 1  # (N, 3) in [-1, 1)
+    scale = shear = None
+    if max_scale > 0:
+        scale = torch.exp((torch.rand(N, generator=generator) * 2 - 1) * math.log1p(max_scale))
+    if max_shear > 0:
+        shear = (torch.rand(N, generator=generator) * 2 - 1) * max_shear
+    return _affine(x, u[:, 0] * math.radians(max_angle), u[:, 1:] * max_shift, scale, shear)
 
 
-def _affine(x: Tensor, angle: Tensor, shift: Tensor) -> Tensor:
-    """Rotate images about their centres, then shift them (bilinear, blank outside).
+def _affine(x: Tensor, angle: Tensor, shift: Tensor, scale: Tensor | None = None,
+            shear: Tensor | None = None) -> Tensor:
+    """Shift images, then shear, scale and rotate them about their centres (in that order;
+    bilinear, blank outside): ``out(c + M (p + shift - c)) = x(p)``, M = rotation x scale x
+    shear, c the centre.
 
     Args:
         x: ``[N, S, S]`` images.
         angle: ``[N]`` radians, anticlockwise as displayed (pi / 2 is ``rot90(1, (-2, -1))``).
         shift: ``[N, 2]`` pixels, (right, down).
+        scale: ``[N]`` factors (2 doubles the drawing's size); None: 1.
+        shear: ``[N]`` horizontal shear, pixels moved right per pixel down; None: 0.
 
     Returns:
         ``[N, S, S]``.
@@ -447,10 +467,15 @@ def _affine(x: Tensor, angle: Tensor, shift: Tensor) -> Tensor:
     N, S = x.shape[0], x.shape[-1]
     move = shift * (2 / S)  # one pixel is 2 / S in affine_grid's coordinates
     cos, sin = angle.cos(), angle.sin()
-    # theta maps output coordinates to input coordinates: out(p) = x(R p - move)
-    theta = torch.stack(
-        [torch.stack([cos, -sin, -move[:, 0]], 1), torch.stack([sin, cos, -move[:, 1]], 1)], 1
-    )  # (N, 2, 3)
+    # theta maps output coordinates to input coordinates: out(q) = x(A q - move), A = M^-1
+    a = torch.stack([torch.stack([cos, -sin], 1), torch.stack([sin, cos], 1)], 1)  # (N, 2, 2)
+    if scale is not None:
+        a = a / scale[:, None, None]
+    if shear is not None:
+        unshear = torch.eye(2).repeat(N, 1, 1)
+        unshear[:, 0, 1] = -shear
+        a = unshear @ a
+    theta = torch.cat([a, -move.unsqueeze(-1)], 2)  # (N, 2, 3)
     grid = F.affine_grid(theta, [N, 1, S, S], align_corners=False)
     out = F.grid_sample(x.unsqueeze(1), grid, mode="bilinear", align_corners=False)
     return out.squeeze(1)

@@ -88,7 +88,11 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     # Adam step for the copy model on this CPU, ~5% of a native training step at batch 1.
     if config.optimizer == "rmsprop":
         return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
-                                   momentum=config.momentum, foreach=True)
+                                   momentum=config.momentum, weight_decay=config.weight_decay,
+                                   foreach=True)
+    if config.optimizer == "adam" and config.weight_decay > 0:
+        return torch.optim.AdamW(params, lr=config.lr, amsgrad=config.amsgrad,
+                                 weight_decay=config.weight_decay, foreach=True)
     if config.optimizer == "adam":
         return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad, foreach=True)
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
