@@ -99,7 +99,9 @@ def test_registered_with_typed_parameters():
     assert "omniglot" in TASKS and "omniglot" in PRESETS
     assert default_preset("omniglot") == "mann" and default_preset("copy") == "ntm-lstm"
     config = resolve_config("omniglot", overrides=["task.classes=15", "task.labels=string"])
-    assert config.task_params == OmniglotTask(classes=15, labels="string", reflections=True)
+    assert config.task_params == OmniglotTask(classes=15, labels="string", reflections=True,
+                                              max_angle=20.0, max_shift=2.5, max_scale=0.2,
+                                              max_shear=0.3)
     assert config.preset == "mann" and config.model == "mann"
     model = build_model(config, build_task(config))
     assert isinstance(model, MANN) and (model.input_size, model.output_size) == (425, 25)
