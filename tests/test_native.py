@@ -167,3 +167,19 @@ def test_large_memories_in_separate_blocks_match_eager():
     assert isinstance(buffers.mem, tuple) and len(buffers.mem) == 4
     _assert_same(_run(_eager(model), model, x), _run(_native(model), model, x),
                  rtol=1e-10, atol=1e-12)
+
+
+def test_keep_freed_memory_sets_glibc_and_is_a_no_op_without_it(monkeypatch):
+    import ctypes
+    import platform
+
+    from torch_ntm import native
+
+    if platform.system() == "Linux" and platform.libc_ver()[0] == "glibc":
+        assert native.keep_freed_memory() is True
+
+    def no_libc(*args, **kwargs):
+        raise OSError("no C library here")
+
+    monkeypatch.setattr(ctypes, "CDLL", no_libc)
+    assert native.keep_freed_memory() is False

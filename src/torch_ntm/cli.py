@@ -502,9 +502,11 @@ _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
 def main(argv: list[str] | None = None) -> int:
     from torch_ntm.checkpoint import CheckpointError
     from torch_ntm.config import ConfigError
+    from torch_ntm.native import keep_freed_memory
     from torch_ntm.train import Interrupted
 
     args = _parser().parse_args(argv)
+    keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.8x training)
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, CheckpointError) as e:
