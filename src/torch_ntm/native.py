@@ -39,6 +39,10 @@ __all__ = ["available", "native_forward", "keep_freed_memory", "runs_as"]
 
 _log = logging.getLogger(__name__)
 
+_CSRC = Path(__file__).parent / "csrc"
+_LIBRARY: dict = {}  # "lib": the ctypes library, or "error": why there is none
+_DTYPES = {torch.float32: 0, torch.float64: 1}
+
 # glibc's mallopt parameters (malloc.h).
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 
@@ -66,9 +70,6 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
         mallopt(_M_TRIM_THRESHOLD, trim_threshold))
-_CSRC = Path(__file__).parent / "csrc"
-_LIBRARY: dict = {}  # "lib": the ctypes library, or "error": why there is none
-_DTYPES = {torch.float32: 0, torch.float64: 1}
 
 
 def _flags() -> list[str]:
