@@ -90,10 +90,10 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
         return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
                                    momentum=config.momentum, weight_decay=config.weight_decay,
                                    foreach=True)
-    if config.optimizer == "adam" and config.weight_decay > 0:
-        return torch.optim.AdamW(params, lr=config.lr, amsgrad=config.amsgrad,
-                                 weight_decay=config.weight_decay, foreach=True)
     if config.optimizer == "adam":
+        if config.weight_decay > 0:  # decoupled; without decay, Adam itself as before the key
+            return torch.optim.AdamW(params, lr=config.lr, amsgrad=config.amsgrad,
+                                     weight_decay=config.weight_decay, foreach=True)
         return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad, foreach=True)
     raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
 
