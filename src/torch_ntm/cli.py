@@ -506,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
     from torch_ntm.train import Interrupted
 
     args = _parser().parse_args(argv)
-    keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.8x training)
+    keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.9x training)
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, CheckpointError) as e:

@@ -55,7 +55,7 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
     with ``mmap`` and gives them back with ``munmap``, and trims the heap's free top, so each
     step pays page faults and the zeroing of fresh pages: measured ~12% of a batch-64 bench's
     samples in the kernel's page-fault path. With both thresholds raised, freed blocks are reused:
-    native training rates 1.1-1.3x at 128 rows and 1.4-1.8x at 1,024 rows on this 2-core CPU
+    native training rates 1.1-1.3x at 128 rows and 1.3-1.9x at 1,024 rows on this 2-core CPU
     (`ntm bench`, 2026-11-25). The cost: up to ``trim_threshold`` bytes of freed memory stay with
     the process. ``ntm`` commands call this at start; a library user may too.
 
