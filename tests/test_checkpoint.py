@@ -45,6 +45,7 @@ def test_round_trip_restores_identical_outputs(tmp_path):
     ["optimizer=adam", "log_every=3"],  # a resume between two training rows keeps the sums
     # ... and the curriculum's size (raised at steps 3 and 6, on either side of the resume)
     ["optimizer=adam", "log_every=3", "curriculum_start=1", "curriculum_bit_errors=1e9"],
+    ["optimizer=adam", "ema_decay=0.9"],  # the average of the weights is resumed
 ])
 def test_resume_is_bit_identical(tmp_path, preset_args):
     steps = 8
@@ -63,6 +64,11 @@ def test_resume_is_bit_identical(tmp_path, preset_args):
     for key, value in a.state_dict.items():
         assert torch.equal(value, b.state_dict[key]), key
     assert a.metrics == b.metrics
+    if "ema_decay=0.9" in preset_args:
+        averaged = b.averaged()
+        assert averaged is not None and averaged.keys() == a.averaged().keys()
+        for key, value in a.averaged().items():
+            assert torch.equal(value, averaged[key]), key
     # The resumed run's metrics log equals the uninterrupted one's (but for wall-clock times).
     assert _rows_without_time(tmp_path / "split") == _rows_without_time(tmp_path / "full")
 

@@ -220,6 +220,86 @@ def test_no_rollback_when_off_unarmed_or_within_the_margin(tmp_path, monkeypatch
     assert not read_metrics(tmp_path / "run" / "metrics.csv", "rollback")
 
 
+def _weights_after_each_step(monkeypatch):
+    """Record the trainer's weights (name -> float64 copy) when its optimizer is made and after
+    each of its steps."""
+    import torch_ntm.train as module
+
+    built, made = module.build_model, module.make_optimizer
+    models, history = [], []
+
+    def building(*args, **kwargs):
+        models.append(built(*args, **kwargs))
+        return models[-1]
+
+    def recording(config, params):
+        optimizer = made(config, params)
+        named = {n: p for n, p in models[0].named_parameters() if p.requires_grad}
+
+        def record(*_):
+            history.append({n: p.detach().double().clone() for n, p in named.items()})
+
+        record()
+        optimizer.register_step_post_hook(record)
+        return optimizer
+
+    monkeypatch.setattr(module, "build_model", building)
+    monkeypatch.setattr(module, "make_optimizer", recording)
+    return history
+
+
+def test_ema_decay_validates_and_keeps_the_average_and_trains_on_the_weights(tmp_path,
+                                                                            monkeypatch):
+    from torch_ntm.checkpoint import load_checkpoint
+
+    history = _weights_after_each_step(monkeypatch)
+    # Validations after steps 1, 2, 3: the second is the best, the third not (no rollback).
+    seen = _scripted_validations(monkeypatch, [(5.0, 0.5), (4.0, 0.25), (6.0, 0.75)])
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=6",
+                                               "rollback_bit_errors=-1", "ema_decay=0.75"])
+    train(config, tmp_path / "run", progress=False)
+    assert len(history) == 4  # the initial weights and three steps
+    average = dict(history[0])  # the float64 reference: it starts from the initial weights
+    for step in (1, 2, 3):
+        average = {k: 0.75 * v + 0.25 * history[step][k] for k, v in average.items()}
+        for key, value in average.items():  # each validation saw the average, not the weights
+            torch.testing.assert_close(seen[step - 1][key].double(), value, rtol=1e-6,
+                                       atol=1e-7)
+        if step == 2:
+            kept_reference = dict(average)
+    assert any(not torch.allclose(average[k], history[3][k]) for k in average)
+    ckpt = load_checkpoint(tmp_path / "run")
+    for key, value in ckpt.state_dict.items():  # the latest weights are the weights themselves
+        assert torch.equal(value.double(), history[3][key]), key
+    kept, _, metrics = ckpt.best()
+    assert metrics["cost_bits"] == 4.0
+    for key, value in kept.items():  # what the run keeps (and `ntm evaluate` uses): the average
+        torch.testing.assert_close(value.double(), kept_reference[key], rtol=1e-6, atol=1e-7)
+    for key, value in ckpt.averaged().items():
+        torch.testing.assert_close(value.double(), average[key], rtol=1e-6, atol=1e-7)
+
+
+def test_ema_decay_with_a_rollback_trains_on_from_the_kept_average(tmp_path, monkeypatch):
+    from torch_ntm.checkpoint import load_checkpoint
+
+    seen = _scripted_validations(monkeypatch, [(4.0, 0.0), (40.0, 9.0)])
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=4",
+                                               "ema_decay=0.5"])
+    train(config, tmp_path / "run", progress=False)
+    ckpt = load_checkpoint(tmp_path / "run")
+    assert ckpt.extra["rollbacks"] == 1
+    averaged = ckpt.averaged()
+    for key, value in ckpt.state_dict.items():  # weights and average both the kept average
+        assert torch.equal(value, seen[0][key]), key
+        assert torch.equal(averaged[key], seen[0][key]), key
+
+
+def test_ema_decay_out_of_range_is_refused():
+    with pytest.raises(ValueError, match=r"ema_decay=1\.0 is out of range; it must be a number "
+                                         r"in \[0, 1\)"):
+        resolve_config("copy", overrides=["ema_decay=1"])
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
 @pytest.mark.parametrize("engine", ["fast", "compiled"])
 def test_training_on_cuda_reduces_the_loss_and_resumes(tmp_path, engine):

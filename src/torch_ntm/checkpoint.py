@@ -144,12 +144,14 @@ def save_checkpoint(
     metrics: dict | None = None,
     extra: dict | None = None,
     best: tuple[dict, dict | None, dict] | None = None,
+    averaged: dict | None = None,
 ) -> Path:
     """Write a checkpoint into ``run_dir`` atomically; returns the path of its JSON file.
 
     ``best`` is the run's best validation so far, ``(weights, optimizer state_dict or None,
     metrics)``: saved beside the latest state, it is the model the run keeps (`Checkpoint.model`)
-    and what a resumed run's rollback returns to."""
+    and what a resumed run's rollback returns to. ``averaged`` (parameter name -> tensor), the
+    running average of the weights (``ema_decay``), is saved with the training state."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
@@ -173,6 +175,7 @@ def save_checkpoint(
         tensors["rng.torch"] = torch.get_rng_state()
         if data_generator is not None:
             tensors["rng.data"] = data_generator.get_state()
+        tensors.update({f"averaged.{name}": value for name, value in (averaged or {}).items()})
         state_name = f"train-state-{step:08d}.safetensors"
         _atomic_write(run_dir / state_name, st_save(_cpu_contiguous(tensors)))
         record["optimizer"] = meta
@@ -386,6 +389,16 @@ class Checkpoint:
             raise CheckpointError(
                 f"{self.path}: weights do not fit this model configuration ({detail})"
             ) from None
+
+    def averaged(self) -> dict | None:
+        """The running average of the weights saved with the training state (parameter name
+        -> tensor), or None where the run kept none (``ema_decay`` 0)."""
+        if "train_state" not in self._record:
+            return None
+        tensors = _load_tensors(*_file_name(self.path, self._record, "train_state"))
+        prefix = "averaged."
+        found = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        return found or None
 
     def restore_train_state(self, optimizer: torch.optim.Optimizer,
                             data_generator: torch.Generator | None = None) -> None:

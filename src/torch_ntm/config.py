@@ -71,6 +71,11 @@ class TrainConfig(NTMOptions):
     # Weight decay: with Adam, decoupled (AdamW: each step shrinks every weight by lr x this);
     # with RMSProp, torch's L2 term (this x the weight added to its gradient). 0 disables.
     weight_decay: float = 0.0
+    # An exponential moving average of the weights (Polyak averaging): after every step,
+    # average = ema_decay x average + (1 - ema_decay) x weights. Validation, the weights a run
+    # keeps (its best) and so `ntm evaluate` use the average; training goes on from the weights
+    # themselves. 0 disables.
+    ema_decay: float = 0.0
     batch_size: int = 1
     clip_value: float = 10.0  # clip each gradient element to [-v, v]; 0 disables
     clip_norm: float = 0.0  # clip the global gradient norm; 0 disables
@@ -256,6 +261,7 @@ _RANGES = {
     "rmsprop_alpha": (_finite(0, 1, hi_open=True), "a number in [0, 1)"),
     "clip_value": (_finite(0), "a finite number >= 0 (0 disables)"),
     "weight_decay": (_finite(0), "a finite number >= 0 (0 disables)"),
+    "ema_decay": (_finite(0, 1, hi_open=True), "a number in [0, 1) (0 disables)"),
     "clip_norm": (_finite(0), "a finite number >= 0 (0 disables)"),
     "lr_decay": (_finite(0, 1, lo_open=True), "a number in (0, 1]"),
     "max_seconds": (_finite(0), "a finite number >= 0 (0 means no limit)"),

@@ -21,8 +21,10 @@ from pathlib import Path
 
 import torch
 from torch import nn
+from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from torch_ntm.checkpoint import (
+    CheckpointError,
     load_checkpoint,
     lock_run,
     save_checkpoint,
@@ -294,8 +296,15 @@ class _Run:
         self.task = build_task(config)
         self.objective = task_objective(self.task)
         self.model = build_model(config, self.task, device=self.world.device)
-        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
+        self.params = [p for _, p in named]
         self.optimizer = make_optimizer(config, self.params)
+        # The running average of the weights (config.ema_decay), by parameter name; None
+        # without one. It starts from the initial weights.
+        self.averaged = None
+        if config.ema_decay:
+            self.averaged = {name: p.detach().clone() for name, p in named}
+            self._average = get_ema_multi_avg_fn(config.ema_decay)
         self.spikes = _spike_clip(config, self.params)
         self.best = _Best(self.model, self.optimizer)
         self.state = _State()
@@ -339,6 +348,8 @@ class _Run:
         if self.config.lr != ckpt.config.lr:  # resumed with a new rate: it replaces the current
             for group in self.optimizer.param_groups:
                 group["lr"] = self.config.lr
+        if self.averaged is not None:
+            self._restore_average(ckpt)
         kept = ckpt.best()
         if kept is not None:  # the run's best so far, saved beside its latest state
             weights, optimizer_state, self.best.metrics = kept
@@ -346,6 +357,42 @@ class _Run:
                                        "optimizer": optimizer_state})
         elif self.state.metrics:
             self.best.offer(self.state.metrics)
+
+    def _restore_average(self, ckpt) -> None:
+        saved = ckpt.averaged()
+        if saved is None:  # the run had no average until now: it starts from these weights
+            for name, value in self.averaged.items():
+                value.copy_(dict(self.model.named_parameters())[name].detach())
+            return
+        if saved.keys() != self.averaged.keys():
+            raise CheckpointError(f"{ckpt.path}: its average of the weights does not fit this "
+                                  "model configuration (other parameter names)")
+        for name, value in self.averaged.items():
+            value.copy_(saved[name])
+
+    @contextlib.contextmanager
+    def _averaged_weights(self):
+        """The model holds the average of its weights (with ema_decay) inside, its own weights
+        again after; but after a rollback inside, both are the kept weights it rolled back to."""
+        if self.averaged is None:
+            yield
+            return
+        average = list(self.averaged.values())
+        own = [p.detach().clone() for p in self.params]
+        rollbacks = self.state.rollbacks
+        with torch.no_grad():
+            for p, a in zip(self.params, average):
+                p.copy_(a)
+        try:
+            yield
+        finally:
+            with torch.no_grad():
+                rolled_back = self.state.rollbacks != rollbacks
+                for p, a, o in zip(self.params, average, own):
+                    if rolled_back:
+                        a.copy_(p)
+                    else:
+                        p.copy_(o)
 
     @property
     def converged(self) -> bool:
@@ -373,6 +420,8 @@ class _Run:
         per_seq.mean().backward()
         if torch.isfinite(_clip(config, self.params, self.spikes)):
             self.optimizer.step()
+            if self.averaged is not None:
+                self._average(list(self.averaged.values()), self.params, None)
         else:
             state.nan_steps += 1
         state.step += 1
@@ -407,7 +456,13 @@ class _Run:
 
     def validate(self) -> None:
         """Validate (and at ``eval_sizes`` once the training distribution is solved), count
-        towards stopping, decay or roll back as configured, keep the best, save."""
+        towards stopping, decay or roll back as configured, keep the best, save. With
+        ``ema_decay``, all of it but the save on the average of the weights."""
+        with self._averaged_weights():
+            self._validate()
+        self.save()
+
+    def _validate(self) -> None:
         config, state = self.config, self.state
         self._clock()
         metrics = evaluate_batches(self.model, self.val_batches)
@@ -447,7 +502,6 @@ class _Run:
         # The checkpoint keeps the running sums of all processes; rank 0 holds them from here.
         totals = self.world.sum(state.running)
         state.running = totals if self.world.main else [0.0, 0.0, 0.0]
-        self.save()
 
     def save(self) -> None:
         self.saved_step = self.state.step
@@ -458,7 +512,7 @@ class _Run:
         save_checkpoint(self.run_dir, self.config, self.model, self.optimizer, self.data_gen,
                         step=s.step, sequences=s.sequences, elapsed_s=s.elapsed_s,
                         metrics=s.metrics, extra={**s.extra(), "recent_grad_norms": norms},
-                        best=self.best.saved())
+                        best=self.best.saved(), averaged=self.averaged)
 
     def close(self) -> None:
         if self.log is not None:
