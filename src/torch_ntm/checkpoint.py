@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
+import functools
 import hashlib
 import json
 import os
@@ -395,18 +396,23 @@ class Checkpoint:
         -> tensor), or None where the run kept none (``ema_decay`` 0)."""
         if "train_state" not in self._record:
             return None
-        tensors = _load_tensors(*_file_name(self.path, self._record, "train_state"))
         prefix = "averaged."
-        found = {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+        found = {k[len(prefix):]: v for k, v in self._train_state.items() if k.startswith(prefix)}
         return found or None
+
+    @functools.cached_property
+    def _train_state(self) -> dict:
+        """The training state's tensors, read and checked once for all who need them."""
+        rec = self._record
+        if "train_state" not in rec:
+            raise CheckpointError(f"{self.path}: holds weights only, no training state to resume")
+        return _load_tensors(*_file_name(self.path, rec, "train_state"))
 
     def restore_train_state(self, optimizer: torch.optim.Optimizer,
                             data_generator: torch.Generator | None = None) -> None:
         """Restore optimizer state and RNG states saved with the checkpoint (for resuming)."""
         rec = self._record
-        if "train_state" not in rec:
-            raise CheckpointError(f"{self.path}: holds weights only, no training state to resume")
-        tensors = _load_tensors(*_file_name(self.path, rec, "train_state"))
+        tensors = self._train_state
         if "rng.torch" not in tensors:
             raise CheckpointError(f"{self.path}: the training state has no RNG state")
         try:
