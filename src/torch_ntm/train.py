@@ -361,8 +361,8 @@ class _Run:
     def _restore_average(self, ckpt) -> None:
         saved = ckpt.averaged()
         if saved is None:  # the run had no average until now: it starts from these weights
-            for name, value in self.averaged.items():
-                value.copy_(dict(self.model.named_parameters())[name].detach())
+            for value, p in zip(self.averaged.values(), self.params):
+                value.copy_(p.detach())
             return
         if saved.keys() != self.averaged.keys():
             raise CheckpointError(f"{ckpt.path}: its average of the weights does not fit this "
