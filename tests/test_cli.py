@@ -127,7 +127,7 @@ def test_resume_refuses_to_change_the_model(trained, capsys):
     assert main(["train", "copy", "--resume", str(trained), "--set", "controller_size=9"]) == 2
     assert "--resume cannot change controller_size" in capsys.readouterr().err
     assert main(["train", "copy", "--resume", str(trained), "--set", "lr_decay=0.5"]) == 2
-    assert "only device, eval_every, log_every, lr, lr_milestones, max_seconds" in (
+    assert "only device, ema_decay, eval_every, log_every, lr, lr_milestones, max_seconds" in (
         capsys.readouterr().err)
 
 

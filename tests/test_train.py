@@ -294,6 +294,28 @@ def test_ema_decay_with_a_rollback_trains_on_from_the_kept_average(tmp_path, mon
         assert torch.equal(averaged[key], seen[0][key]), key
 
 
+def test_ema_decay_given_on_resume_starts_the_average_from_the_resumed_weights(tmp_path,
+                                                                              monkeypatch):
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.cli import main
+
+    run = tmp_path / "run"
+    train(resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=4",
+                                            "rollback_bit_errors=-1"]), run, progress=False)
+    assert load_checkpoint(run).averaged() is None
+    average = {k: v.double() for k, v in load_checkpoint(run).state_dict.items()}
+    history = _weights_after_each_step(monkeypatch)
+    assert main(["train", "copy", "--resume", str(run), "--set", "ema_decay=0.5", "--set",
+                 "max_sequences=8", "--no-plots", "--no-progress"]) == 0
+    assert len(history) == 3  # when the optimizer was made, and two steps after the resume
+    for weights in history[1:]:
+        average = {k: 0.5 * v + 0.5 * weights[k] for k, v in average.items()}
+    ckpt = load_checkpoint(run)
+    assert ckpt.config.ema_decay == 0.5
+    for key, value in ckpt.averaged().items():
+        torch.testing.assert_close(value.double(), average[key], rtol=1e-6, atol=1e-7)
+
+
 def test_ema_decay_out_of_range_is_refused():
     with pytest.raises(ValueError, match=r"ema_decay=1\.0 is out of range; it must be a number "
                                          r"in \[0, 1\)"):

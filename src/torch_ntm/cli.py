@@ -249,10 +249,11 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
 
 
 # Keys that do not change the model or the data, so a run may be resumed with new values; a new
-# lr replaces the optimizer's current rate (to fine-tune a run at a lower one), and milestones
-# not yet passed apply from the resumed step on.
+# lr replaces the optimizer's current rate (to fine-tune a run at a lower one), milestones not
+# yet passed apply from the resumed step on, and an ema_decay given to a run without one starts
+# the average from the resumed weights.
 _RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_bit_errors",
-              "patience_evals", "threads", "device", "lr", "lr_milestones"}
+              "patience_evals", "threads", "device", "lr", "lr_milestones", "ema_decay"}
 
 
 def _print_generalisation(ckpt) -> None:
