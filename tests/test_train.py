@@ -316,6 +316,52 @@ def test_ema_decay_given_on_resume_starts_the_average_from_the_resumed_weights(t
         torch.testing.assert_close(value.double(), average[key], rtol=1e-6, atol=1e-7)
 
 
+def test_init_from_starts_a_new_run_from_the_kept_weights_of_another(tmp_path, monkeypatch):
+    from torch_ntm.checkpoint import load_checkpoint
+
+    tiny = [*ROLLBACK_TINY, "max_sequences=4", "rollback_bit_errors=-1"]
+    # Validations after steps 1 and 2 of each run: the first is the better, so run a keeps the
+    # weights after its step 1.
+    _scripted_validations(monkeypatch, [(4.0, 0.0), (5.0, 0.5)] * 2)
+    train(resolve_config("copy", overrides=tiny), tmp_path / "a", progress=False)
+    kept, _, metrics = load_checkpoint(tmp_path / "a").best()
+    latest = load_checkpoint(tmp_path / "a").state_dict
+    assert metrics["cost_bits"] == 4.0 and any(not torch.equal(kept[k], latest[k]) for k in kept)
+    history = _weights_after_each_step(monkeypatch)
+    config = resolve_config("copy", overrides=[*tiny, f"init_from={tmp_path / 'a'}",
+                                               "ema_decay=0.5", "seed=3"])
+    train(config, tmp_path / "b", progress=False)
+    for key, value in kept.items():  # the optimizer was made for the loaded weights
+        assert torch.equal(history[0][key], value.double()), key
+    ckpt = load_checkpoint(tmp_path / "b")
+    assert ckpt.step == 2 and ckpt.config.init_from == str(tmp_path / "a")
+    average = {k: v.double() for k, v in kept.items()}  # the average starts from them too
+    for weights in history[1:]:
+        average = {k: 0.5 * v + 0.5 * weights[k] for k, v in average.items()}
+    for key, value in ckpt.averaged().items():
+        torch.testing.assert_close(value.double(), average[key], rtol=1e-6, atol=1e-7)
+
+
+def test_init_from_that_does_not_fit_is_refused_before_a_run_directory_is_made(tmp_path,
+                                                                               capsys):
+    from torch_ntm.cli import main
+
+    tiny = [*ROLLBACK_TINY, "max_sequences=2"]
+    train(resolve_config("copy", overrides=tiny), tmp_path / "a", progress=False)
+    sets = [a for o in tiny for a in ("--set", o)]
+    cases = [
+        (["--set", "controller_size=9", "--set", f"init_from={tmp_path / 'a'}"],
+         f"{tmp_path / 'a'}/checkpoint.json: weights do not fit this model configuration"),
+        (["--set", f"init_from={tmp_path / 'none'}"], "no such checkpoint"),
+        (["--set", "init_from=pretrained:nothing"], "unknown pretrained model 'nothing'"),
+    ]
+    for extra, message in cases:
+        out = tmp_path / "b"
+        assert main(["train", "copy", *sets, *extra, "--out", str(out), "--no-plots"]) == 2
+        assert message in capsys.readouterr().err
+        assert not out.exists()
+
+
 def test_ema_decay_out_of_range_is_refused():
     with pytest.raises(ValueError, match=r"ema_decay=1\.0 is out of range; it must be a number "
                                          r"in \[0, 1\)"):

@@ -173,7 +173,10 @@ def _cmd_train(args) -> int:
         run_dir = args.resume
     else:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
-        build_model(config, build_task(config))  # a config that cannot train fails here
+        from torch_ntm.train import load_initial_weights
+
+        # A config that cannot train, or weights that do not fit it, fail here.
+        load_initial_weights(config, build_model(config, build_task(config)))
         run_dir = Path(args.out or Path("runs") / args.task)
         if main_process:  # the other ranks would see its files appear
             run_dir = _new_run_dir(args.out, args.task, args.overwrite)

@@ -76,6 +76,11 @@ class TrainConfig(NTMOptions):
     # keeps (its best) and so `ntm evaluate` use the average; training goes on from the weights
     # themselves. 0 disables.
     ema_decay: float = 0.0
+    # Start from trained weights instead of fresh ones (to fine-tune): a run directory or
+    # checkpoint file (its kept weights, those `ntm evaluate` uses), or `pretrained:NAME` (a
+    # shipped model). Its model configuration must be this one's. Optimizer state, counters
+    # and the average start afresh. Empty: fresh weights.
+    init_from: str = ""
     batch_size: int = 1
     clip_value: float = 10.0  # clip each gradient element to [-v, v]; 0 disables
     clip_norm: float = 0.0  # clip the global gradient norm; 0 disables

@@ -251,6 +251,26 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
         return _train(config, Path(run_dir), resume=resume, progress=progress)
 
 
+def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
+    """Load the weights ``config.init_from`` names into ``model`` (nothing if it is empty): a
+    run's kept weights, a checkpoint's, or a shipped model's (``pretrained:NAME``).
+
+    Raises:
+        ConfigError: no shipped model of that name.
+        CheckpointError: no checkpoint there, or its weights do not fit ``model``.
+    """
+    source = config.init_from
+    if not source:
+        return
+    if source.startswith("pretrained:"):
+        from torch_ntm import pretrained
+
+        source = pretrained.path(source.removeprefix("pretrained:"))
+    ckpt = load_checkpoint(source)
+    kept = ckpt.best()
+    ckpt.load_weights_into(model, None if kept is None else kept[0])
+
+
 @dataclass
 class _State:
     """What changes while a run trains. A checkpoint keeps all of it (the counters in its record,
@@ -296,6 +316,8 @@ class _Run:
         self.task = build_task(config)
         self.objective = task_objective(self.task)
         self.model = build_model(config, self.task, device=self.world.device)
+        if not resume:  # a resumed run has its own weights
+            load_initial_weights(config, self.model)
         named = [(name, p) for name, p in self.model.named_parameters() if p.requires_grad]
         self.params = [p for _, p in named]
         self.optimizer = make_optimizer(config, self.params)
