@@ -332,10 +332,49 @@ void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, con
 // Forward.
 // ------------------------------------------------------------------------------------------------
 
+// A vector of n <= W values at p (the lanes past n are 0 on load and not stored).
+template <typename F>
+inline Vec<F> load_n(const F* p, int64_t n) {
+  return n == Vec<F>::size() ? Vec<F>::loadu(p) : Vec<F>::loadu(p, n);
+}
+template <typename F>
+inline void store_n(const Vec<F>& v, F* p, int64_t n) {
+  if (n == Vec<F>::size()) {
+    v.store(p);
+  } else {
+    v.store(p, n);
+  }
+}
+
+// Erase, then add (eq. 3, 4): mem = mem_prev * prod_k (1 - e_k w_k) + sum_k a_k w_k, and the
+// new rows' squared norms msq, in one pass over the memory: a vector of rows at a time, its
+// products, sums and squared norm kept in registers over the M columns.
+template <typename F>
+void erase_add(const Cfg& c, const F* act, const F* ww, const F* mem_prev, F* mem, F* msq) {
+  using V = Vec<F>;
+  const int64_t M = c.M, N = c.N;
+  for (int64_t i = 0; i < N; i += V::size()) {
+    const int64_t n = std::min<int64_t>(V::size(), N - i);
+    V sq(F(0));
+    for (int64_t j = 0; j < M; ++j) {
+      V keep(F(1)), add(F(0));
+      for (int64_t k = 0; k < c.Hw; ++k) {
+        const V w = load_n(ww + k * N + i, n);
+        keep = keep * (V(F(1)) - V(act[c.erase(k) + j]) * w);
+        add = at::vec::fmadd(V(act[c.add(k) + j]), w, add);
+      }
+      const V row = at::vec::fmadd(load_n(mem_prev + j * N + i, n), keep, add);
+      store_n(row, mem + j * N + i, n);
+      sq = at::vec::fmadd(row, row, sq);
+    }
+    store_n(sq, msq + i, n);
+  }
+}
+
 template <typename F>
 void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_prev,
                     const F* wr_prev, const F* ww_prev, F* mem, F* msq, F* wr, F* ww, F* reads,
-                    F* addr, F* act, F* keep, F* addv) {
+                    F* addr, F* act) {
   const int64_t M = c.M, N = c.N;
   activate(c, raw, act);
   if (c.Hw) {
@@ -343,30 +382,7 @@ void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
       address(c, mem_prev, msq_prev, ww_prev + k * N, act + c.key(k), act[c.beta(k)],
               act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], addr + k * 4 * N, ww + k * N);
     }
-    // Erase, then add: mem = mem_prev * prod_k (1 - e_k w_k) + sum_k a_k w_k.
-    for (int64_t j = 0; j < M; ++j) {
-      std::fill(keep, keep + N, F(1));
-      std::fill(addv, addv + N, F(0));
-      for (int64_t k = 0; k < c.Hw; ++k) {
-        const F e = act[c.erase(k) + j], a = act[c.add(k) + j];
-        const F* w = ww + k * N;
-#pragma omp simd
-        for (int64_t i = 0; i < N; ++i) {
-          keep[i] *= F(1) - e * w[i];
-          addv[i] += a * w[i];
-        }
-      }
-      const F* prow = mem_prev + j * N;
-      F* row = mem + j * N;
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) row[i] = prow[i] * keep[i] + addv[i];
-    }
-    std::fill(msq, msq + N, F(0));
-    for (int64_t j = 0; j < M; ++j) {
-      const F* row = mem + j * N;
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) msq[i] += row[i] * row[i];
-    }
+    erase_add(c, act, ww, mem_prev, mem, msq);
   } else {
     std::copy(mem_prev, mem_prev + M * N, mem);
     std::copy(msq_prev, msq_prev + N, msq);
@@ -587,12 +603,11 @@ void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
     F* rd = v.reads(t);
     F* ad = v.addr(st);
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
-      std::vector<F> act(c.P), keep(N), addv(N);
+      std::vector<F> act(c.P);
       for (int64_t b = begin; b < end; ++b) {
         write_and_read(c, raw + b * c.P, mp + b * M * N, qp + b * N, wrp + b * c.Hr * N,
                        wwp + b * c.Hw * N, mn + b * M * N, qn + b * N, wrn + b * c.Hr * N,
-                       wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * 4 * N, act.data(),
-                       keep.data(), addv.data());
+                       wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * 4 * N, act.data());
       }
     });
   }
