@@ -161,14 +161,26 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
 @pytest.mark.parametrize("name", pretrained.names())
 def test_shipped_model_still_solves_its_task(name):
     # Shipped models are checked at their training size against the validation bit errors they
-    # were exported with (the validation set mixes all sizes up to the training size, so allow
-    # twice as many, and at least half a bit per sequence). 256 sequences: priority sort's errors
-    # sit in a few sequences, and 50 of them varied by more than that.
+    # were exported with: the best of the run's validations on one set, so an optimistic figure
+    # (priority sort: 0.36 recorded, 0.65 on 1,000 other sequences, 0.82 on these 256), and that
+    # set mixes all sizes up to the training size; so allow three times as many, and at least
+    # half a bit per sequence (a broken model is at chance: tens of bits). 256 sequences:
+    # priority sort's errors sit in a few sequences, and 50 of them varied by more than that.
     info = pretrained.info(name)
     model = pretrained.load(name).eval()
     task = load_checkpoint(pretrained.path(name)).task()
     (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=256)
-    assert row["bit_errors"] <= max(0.5, 2 * info["metrics"]["bit_errors"]), (name, row)
+    assert row["bit_errors"] <= max(0.5, 3 * info["metrics"]["bit_errors"]), (name, row)
+
+
+def test_shipped_priority_sort_sorts_as_documented():
+    # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 87.1% and
+    # 67.0% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
+    # rounding on another machine.
+    model = pretrained.load("priority_sort").eval()
+    task = load_checkpoint(pretrained.path("priority_sort")).task()
+    rows = evaluate_sizes(model, task, [20, 30], num_sequences=1000)
+    assert [row["perfect"] for row in rows] == pytest.approx([0.871, 0.670], abs=0.02)
 
 
 def test_shipped_repeat_copy_generalises_in_length_as_documented():
