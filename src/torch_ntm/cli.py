@@ -114,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--first-seed", type=int, default=0, metavar="S", help="first seed (0)")
     p.add_argument("--jobs", type=int, default=None, metavar="J",
                    help="trainings at once (2; with --ray, as many as the cluster has CPUs)")
-    p.add_argument("--preset", default=None, help="as for train (default ntm-lstm)")
+    p.add_argument("--preset", default=None, help="as for train (default: the task's own)")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable), as for train")
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2",

@@ -138,8 +138,9 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         seeds: how many seeds, >= 1.
         jobs: how many trainings run at once, >= 1 (default `DEFAULT_JOBS`; with Ray, as many
             as the cluster has room for, and a new local instance gets ``jobs`` CPUs).
-        preset: the preset (default ``ntm-lstm``); its ``stop_bit_errors`` (or one given in
-            ``overrides`` or the grid) is the convergence threshold, 0 when negative.
+        preset: the preset (default: the task's, `torch_ntm.config.default_preset`); its
+            ``stop_bit_errors`` (or one given in ``overrides`` or the grid) is the convergence
+            threshold, 0 when negative.
         overrides: ``key=value`` strings as for ``ntm train --set`` (not ``seed`` or
             ``max_sequences``: use ``first_seed`` and ``sequences``).
         grid: ``key=v1,v2`` strings (see `parse_grid`) of config keys as for ``overrides``
