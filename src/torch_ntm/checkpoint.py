@@ -354,9 +354,14 @@ class Checkpoint:
         recorded one, else (or with ``latest``) its latest weights. ``overrides`` such as
         ``memory_size=1024``."""
         model = build_model(self.config, self.task(), device=device, **overrides)
-        best = None if latest else self.best()
-        self.load_weights_into(model, None if best is None else best[0])
+        self.load_weights_into(model, self.state_dict if latest else self.kept_weights())
         return model
+
+    def kept_weights(self) -> dict:
+        """The weights the run keeps: its best validation's where it recorded one, else its
+        latest (what `model` and ``ntm evaluate`` use)."""
+        best = self.best()
+        return self.state_dict if best is None else best[0]
 
     @property
     def best_metrics(self) -> dict | None:

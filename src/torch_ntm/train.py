@@ -267,8 +267,7 @@ def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
 
         source = pretrained.path(source.removeprefix("pretrained:"))
     ckpt = load_checkpoint(source)
-    kept = ckpt.best()
-    ckpt.load_weights_into(model, None if kept is None else kept[0])
+    ckpt.load_weights_into(model, ckpt.kept_weights())
 
 
 @dataclass
