@@ -142,6 +142,11 @@ def test_cli_mistakes_end_in_one_line(root, argv, message, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+def _shipped(name: str):
+    """Shipped model ``name`` in eval mode and the task it was trained on."""
+    return pretrained.load(name).eval(), load_checkpoint(pretrained.path(name)).task()
+
+
 @pytest.mark.parametrize("name", pretrained.names())
 def test_shipped_model_reproduces_its_recorded_validation(name):
     # The exact validation set the model was exported with: a change to the model, the fast
@@ -167,8 +172,7 @@ def test_shipped_model_still_solves_its_task(name):
     # half a bit per sequence (a broken model is at chance: tens of bits). 256 sequences:
     # priority sort's errors sit in a few sequences, and 50 of them varied by more than that.
     info = pretrained.info(name)
-    model = pretrained.load(name).eval()
-    task = load_checkpoint(pretrained.path(name)).task()
+    model, task = _shipped(name)
     (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=256)
     assert row["bit_errors"] <= max(0.5, 3 * info["metrics"]["bit_errors"]), (name, row)
 
@@ -177,8 +181,7 @@ def test_shipped_priority_sort_sorts_as_documented():
     # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 87.1% and
     # 67.0% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
     # rounding on another machine.
-    model = pretrained.load("priority_sort").eval()
-    task = load_checkpoint(pretrained.path("priority_sort")).task()
+    model, task = _shipped("priority_sort")
     rows = evaluate_sizes(model, task, [20, 30], num_sequences=1000)
     assert [row["perfect"] for row in rows] == pytest.approx([0.871, 0.670], abs=0.02)
 
@@ -188,8 +191,7 @@ def test_shipped_repeat_copy_generalises_in_length_as_documented():
     # 100 and 99 of 100 sequences perfect at lengths 15 and 20 with 10 repeats (trained on
     # L <= 10), 86 of 100 at length 15 with 12. A few sequences of slack for float rounding on
     # another machine.
-    model = pretrained.load("repeat_copy").eval()
-    task = load_checkpoint(pretrained.path("repeat_copy")).task()
+    model, task = _shipped("repeat_copy")
     at_ten = evaluate_sizes(model, task.with_repeats(10), [15, 20], num_sequences=100)
     assert [row["perfect"] for row in at_ten] == pytest.approx([1.0, 0.99], abs=0.03)
     (at_twelve,) = evaluate_sizes(model, task.with_repeats(12), [15], num_sequences=100)
@@ -200,7 +202,6 @@ def test_shipped_associative_recall_generalises_as_documented():
     # docs/results.md, `ntm evaluate --pretrained associative_recall --lengths 6,8,10,12,15,20
     # --sequences 1000`: 99.6% and 99.3% of the sequences perfect at 12 and 20 items (trained on
     # at most 6). Slack for float rounding on another machine.
-    model = pretrained.load("associative_recall").eval()
-    task = load_checkpoint(pretrained.path("associative_recall")).task()
+    model, task = _shipped("associative_recall")
     rows = evaluate_sizes(model, task, [12, 20], num_sequences=1000)
     assert [row["perfect"] for row in rows] == pytest.approx([0.996, 0.993], abs=0.01)
