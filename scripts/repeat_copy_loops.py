@@ -28,9 +28,10 @@ def main() -> None:
     torch.set_num_threads(1)
     ckpt = load_checkpoint(args.run)
     model = ckpt.model().eval()
-    L, W = args.length, ckpt.task().width
+    trained = ckpt.task()
+    L, W = args.length, trained.width
     for R in (int(r) for r in args.repeats.split(",")):
-        task = ckpt.task().with_size(L).with_repeats(R)
+        task = trained.with_size(L).with_repeats(R)
         batch = task.sample(args.sequences, torch.Generator().manual_seed(123))
         with torch.no_grad():
             logits, _ = model(batch.inputs)
