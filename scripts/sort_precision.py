@@ -1,0 +1,62 @@
+"""Which priority-sort sequences a model gets wrong (docs/results.md, "Priority sort").
+
+    python scripts/sort_precision.py src/torch_ntm/pretrained/priority_sort [--inputs 20]
+
+Draws 1,000 sequences of ``--inputs`` inputs (seed 777, never a validation's), runs the run's
+kept weights, and relates the sequences with a wrong bit to how close their priorities are: for
+each sequence the smallest gap between two priorities that the target orders (the top
+``num_outputs`` and the first one left out), and for each output step the gap between its
+vector's priority and its nearest neighbour in that order. A model that orders priorities to a
+finite resolution fails on the sequences whose gaps fall below it, whatever it learned besides.
+"""
+
+import argparse
+
+import torch
+
+from torch_ntm.checkpoint import load_checkpoint
+
+GAPS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("run")
+    parser.add_argument("--inputs", type=int, default=20)
+    parser.add_argument("--sequences", type=int, default=1000)
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    ckpt = load_checkpoint(args.run)
+    model = ckpt.model().eval()
+    task = ckpt.task().with_size(args.inputs)
+    n, m, W = task.num_inputs, task.num_outputs, task.width
+    batch = task.sample(args.sequences, torch.Generator().manual_seed(777))
+    with torch.no_grad():
+        logits, _ = model(batch.inputs)
+    answer = slice(n + 1, n + 1 + m)  # the output steps (see PrioritySortTask's layout)
+    wrong = ((logits[answer] > 0).float() != batch.targets[answer]).any(-1)  # (m, B)
+    perfect = ~wrong.any(0)  # (B,)
+    ranked = batch.inputs[:n, :, W].sort(0, descending=True).values  # (n, B)
+    gaps = ranked[:m] - ranked[1 : m + 1]  # output i's priority minus the next one's, (m, B)
+    smallest = gaps.min(0).values  # (B,)
+    above = torch.cat([torch.full_like(gaps[:1], float("inf")), gaps[:-1]])
+    nearest = torch.minimum(above, gaps)  # each output's gap to its nearest neighbour, (m, B)
+
+    print(f"{args.run}: {n} inputs, {m} outputs, {args.sequences} sequences, "
+          f"{perfect.double().mean():.1%} perfect")
+    head = ("smallest gap", "below it", "perfect", "the rest", "perfect")
+    print("{:>14} {:>10} {:>8} | {:>10} {:>8}".format(*head))
+    for d in GAPS:
+        below = smallest < d
+        rates = [f"{perfect[s].double().mean():.1%}" if s.any() else "-" for s in (below, ~below)]
+        print(f"{d:>14g} {int(below.sum()):>10} {rates[0]:>8} | {int((~below).sum()):>10} "
+              f"{rates[1]:>8}")
+    if wrong.any():
+        print(f"wrong output steps: {int(wrong.sum())}; their gap to the nearest priority, median "
+              f"{nearest[wrong].median():.2g} (right ones: {nearest[~wrong].median():.2g}); "
+              f"under 0.01: {(nearest[wrong] < 0.01).double().mean():.1%} of the wrong, "
+              f"{(nearest < 0.01).double().mean():.1%} of all")
+
+
+if __name__ == "__main__":
+    main()
