@@ -9,23 +9,17 @@ queried item to its nearest other item of the sequence: a model that tells items
 blurred key confuses close ones.
 """
 
-import argparse
 import statistics
 
+import _analysis
 import torch
-
-from torch_ntm.checkpoint import load_checkpoint
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run")
+    parser = _analysis.parser(__doc__, sequences=5000)
     parser.add_argument("--items", type=int, default=6)
-    parser.add_argument("--sequences", type=int, default=5000)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(args.run)
-    model = ckpt.model().eval()
+    ckpt, model = _analysis.load(args.run)
     task = ckpt.task().with_size(args.items)
     W, k, n = task.width, task.item_length, args.items
     generator = torch.Generator().manual_seed(123)

@@ -10,24 +10,18 @@ only misplaces the marker (the paper's, at 20 repeats) has few wrong data bits; 
 the marker early and then outputs noise has about half the bits of the copies after it wrong.
 """
 
-import argparse
 import statistics
 
+import _analysis
 import torch
-
-from torch_ntm.checkpoint import load_checkpoint
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run")
+    parser = _analysis.parser(__doc__, sequences=100)
     parser.add_argument("--length", type=int, default=10)
     parser.add_argument("--repeats", default="10,12,15,20")
-    parser.add_argument("--sequences", type=int, default=100)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(args.run)
-    model = ckpt.model().eval()
+    ckpt, model = _analysis.load(args.run)
     trained = ckpt.task()
     L, W = args.length, trained.width
     for R in (int(r) for r in args.repeats.split(",")):

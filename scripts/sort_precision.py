@@ -10,24 +10,18 @@ vector's priority and its nearest neighbour in that order. A model that orders p
 finite resolution fails on the sequences whose gaps fall below it, whatever it learned besides.
 """
 
-import argparse
 
+import _analysis
 import torch
-
-from torch_ntm.checkpoint import load_checkpoint
 
 GAPS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("run")
+    parser = _analysis.parser(__doc__, sequences=1000)
     parser.add_argument("--inputs", type=int, default=20)
-    parser.add_argument("--sequences", type=int, default=1000)
     args = parser.parse_args()
-    torch.set_num_threads(1)
-    ckpt = load_checkpoint(args.run)
-    model = ckpt.model().eval()
+    ckpt, model = _analysis.load(args.run)
     task = ckpt.task().with_size(args.inputs)
     n, m, W = task.num_inputs, task.num_outputs, task.width
     batch = task.sample(args.sequences, torch.Generator().manual_seed(777))
