@@ -6,7 +6,8 @@ Draws 1,000 sequences of ``--inputs`` inputs (seed 777, never a validation's), r
 kept weights, and relates the sequences with a wrong bit to how close their priorities are: for
 each sequence the smallest gap between two priorities that the target orders (the top
 ``num_outputs`` and the first one left out), and for each output step the gap between its
-vector's priority and its nearest neighbour in that order. A model that orders priorities to a
+vector's priority and its nearest neighbour in that order (``--float64``: the model run in
+float64, to tell the weights' resolution from float32's). A model that orders priorities to a
 finite resolution fails on the sequences whose gaps fall below it, whatever it learned besides.
 """
 
@@ -20,13 +21,16 @@ GAPS = (1e-4, 3e-4, 1e-3, 3e-3, 1e-2)
 def main() -> None:
     parser = _analysis.parser(__doc__, sequences=1000)
     parser.add_argument("--inputs", type=int, default=20)
+    parser.add_argument("--float64", action="store_true", help="run the model in float64")
     args = parser.parse_args()
     ckpt, model = _analysis.load(args.run)
+    dtype = torch.float64 if args.float64 else torch.float32
+    model.to(dtype)
     task = ckpt.task().with_size(args.inputs)
     n, m, W = task.num_inputs, task.num_outputs, task.width
     batch = task.sample(args.sequences, torch.Generator().manual_seed(777))
     with torch.no_grad():
-        logits, _ = model(batch.inputs)
+        logits, _ = model(batch.inputs.to(dtype))
     answer = slice(n + 1, n + 1 + m)  # the output steps (see PrioritySortTask's layout)
     wrong = ((logits[answer] > 0).float() != batch.targets[answer]).any(-1)  # (m, B)
     perfect = ~wrong.any(0)  # (B,)
