@@ -24,8 +24,8 @@ def main() -> None:
     W, k, n = task.width, task.item_length, args.items
     generator = torch.Generator().manual_seed(123)
     rows = []  # (wrong bits, queried item, nearest other item's distance in bits)
-    for _ in range(args.sequences // 500):
-        batch = task.sample(500, generator)
+    for start in range(0, args.sequences, 500):  # in batches of 500 (the last may be smaller)
+        batch = task.sample(min(500, args.sequences - start), generator)
         with torch.no_grad():
             logits, _ = model(batch.inputs)
         wrong = (((logits > 0).float() != batch.targets) & batch.mask.unsqueeze(-1)).sum((0, 2))

@@ -1,0 +1,50 @@
+"""The analysis scripts that docs/results.md quotes run on the shipped models and print figures
+that add up (the commands in results.md must not rot)."""
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from torch_ntm import pretrained
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _run(script: str, *args: str) -> str:
+    result = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True,
+                            text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert result.returncode == 0, result.stderr
+    return result.stdout
+
+
+@pytest.mark.parametrize("float64", [False, True])
+def test_sort_precision_splits_every_sequence(float64):
+    out = _run("sort_precision.py", str(pretrained.path("priority_sort")), "--sequences", "40",
+               *(["--float64"] if float64 else []))
+    assert "20 inputs, 16 outputs, 40 sequences" in out
+    rows = re.findall(r"^\s+([\d.e-]+)\s+(\d+)\s+\S+ \|\s+(\d+)\s+\S+$", out, re.M)
+    assert len(rows) == 5
+    below = [int(b) for _, b, _ in rows]
+    assert all(int(b) + int(rest) == 40 for _, b, rest in rows)
+    assert below == sorted(below)  # a larger gap has at least as many sequences below it
+
+
+def test_repeat_copy_loops_prints_every_copy():
+    out = _run("repeat_copy_loops.py", str(pretrained.path("repeat_copy")), "--repeats", "3,12",
+               "--sequences", "8")
+    lines = out.splitlines()
+    assert [line.split(":")[0] for line in lines] == ["L = 10, R = 3", "L = 10, R = 12"]
+    for line, repeats in zip(lines, (3, 12)):
+        per_copy = line.split("per copy ")[1].split(";")[0].split()
+        assert len(per_copy) == repeats
+        assert all(0 <= float(v) <= 80 for v in per_copy)  # at most every bit of a copy (10 x 8)
+
+
+def test_recall_errors_counts_the_sequences():
+    out = _run("recall_errors.py", str(pretrained.path("associative_recall")), "--sequences", "50")
+    wrong, total = map(int, re.match(r"(\d+) of (\d+) sequences with a wrong bit", out).groups())
+    assert total == 50 and 0 <= wrong <= total
