@@ -11,7 +11,6 @@ float64, to tell the weights' resolution from float32's). A model that orders pr
 finite resolution fails on the sequences whose gaps fall below it, whatever it learned besides.
 """
 
-
 import _analysis
 import torch
 

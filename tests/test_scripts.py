@@ -8,8 +8,11 @@ import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from torch_ntm import pretrained
+from torch_ntm.checkpoint import load_checkpoint
+from torch_ntm.metrics import bit_errors
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -31,6 +34,13 @@ def test_sort_precision_splits_every_sequence(float64):
     below = [int(b) for _, b, _ in rows]
     assert all(int(b) + int(rest) == 40 for _, b, rest in rows)
     assert below == sorted(below)  # a larger gap has at least as many sequences below it
+    # its share of perfect sequences is the library's on the same draw (seed 777)
+    ckpt = load_checkpoint(pretrained.path("priority_sort"))
+    batch = ckpt.task().sample(40, torch.Generator().manual_seed(777))
+    with torch.no_grad():
+        logits, _ = ckpt.model().eval()(batch.inputs)
+    perfect = float((bit_errors(logits, batch.targets, batch.mask) == 0).double().mean())
+    assert f"{perfect:.1%} perfect" in out
 
 
 def test_repeat_copy_loops_prints_every_copy():
