@@ -1,5 +1,5 @@
-"""Shared test setup: one CPU thread, so tests stay fast and steady on small machines; and no
-training left running after the test that started it."""
+"""Shared test setup: one CPU thread, so tests stay fast and steady on small machines; no
+training left running after the test that started it; the shipped models (`shipped`)."""
 
 import os
 import signal
@@ -8,7 +8,19 @@ from pathlib import Path
 import pytest
 import torch
 
+from torch_ntm import pretrained
+from torch_ntm.checkpoint import load_checkpoint
+
 torch.set_num_threads(1)
+
+
+@pytest.fixture
+def shipped():
+    """``shipped(name)``: shipped model ``name`` in eval mode and the task it was trained on."""
+    def load(name: str):
+        return pretrained.load(name).eval(), load_checkpoint(pretrained.path(name)).task()
+
+    return load
 
 
 def _descendants(root: int) -> list[tuple[int, bytes]]:

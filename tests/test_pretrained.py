@@ -142,11 +142,6 @@ def test_cli_mistakes_end_in_one_line(root, argv, message, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
-def _shipped(name: str):
-    """Shipped model ``name`` in eval mode and the task it was trained on."""
-    return pretrained.load(name).eval(), load_checkpoint(pretrained.path(name)).task()
-
-
 @pytest.mark.parametrize("name", pretrained.names())
 def test_shipped_model_reproduces_its_recorded_validation(name):
     # The exact validation set the model was exported with: a change to the model, the fast
@@ -164,7 +159,7 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
 
 
 @pytest.mark.parametrize("name", pretrained.names())
-def test_shipped_model_still_solves_its_task(name):
+def test_shipped_model_still_solves_its_task(name, shipped):
     # Shipped models are checked at their training size against the validation bit errors they
     # were exported with: the best of the run's validations on one set, so an optimistic figure
     # (priority sort: 0.36 recorded, 0.65 on 1,000 other sequences, 0.82 on these 256), and that
@@ -172,36 +167,36 @@ def test_shipped_model_still_solves_its_task(name):
     # half a bit per sequence (a broken model is at chance: tens of bits). 256 sequences:
     # priority sort's errors sit in a few sequences, and 50 of them varied by more than that.
     info = pretrained.info(name)
-    model, task = _shipped(name)
+    model, task = shipped(name)
     (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=256)
     assert row["bit_errors"] <= max(0.5, 3 * info["metrics"]["bit_errors"]), (name, row)
 
 
-def test_shipped_priority_sort_sorts_as_documented():
+def test_shipped_priority_sort_sorts_as_documented(shipped):
     # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 87.1% and
     # 67.0% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
     # rounding on another machine.
-    model, task = _shipped("priority_sort")
+    model, task = shipped("priority_sort")
     rows = evaluate_sizes(model, task, [20, 30], num_sequences=1000)
     assert [row["perfect"] for row in rows] == pytest.approx([0.871, 0.670], abs=0.02)
 
 
-def test_shipped_repeat_copy_generalises_in_length_as_documented():
+def test_shipped_repeat_copy_generalises_in_length_as_documented(shipped):
     # docs/results.md, `ntm evaluate --pretrained repeat_copy --lengths 15,20 --repeats 10,12`:
     # 100 and 99 of 100 sequences perfect at lengths 15 and 20 with 10 repeats (trained on
     # L <= 10), 86 of 100 at length 15 with 12. A few sequences of slack for float rounding on
     # another machine.
-    model, task = _shipped("repeat_copy")
+    model, task = shipped("repeat_copy")
     at_ten = evaluate_sizes(model, task.with_repeats(10), [15, 20], num_sequences=100)
     assert [row["perfect"] for row in at_ten] == pytest.approx([1.0, 0.99], abs=0.03)
     (at_twelve,) = evaluate_sizes(model, task.with_repeats(12), [15], num_sequences=100)
     assert at_twelve["perfect"] == pytest.approx(0.86, abs=0.03)
 
 
-def test_shipped_associative_recall_generalises_as_documented():
+def test_shipped_associative_recall_generalises_as_documented(shipped):
     # docs/results.md, `ntm evaluate --pretrained associative_recall --lengths 6,8,10,12,15,20
     # --sequences 1000`: 99.6% and 99.3% of the sequences perfect at 12 and 20 items (trained on
     # at most 6). Slack for float rounding on another machine.
-    model, task = _shipped("associative_recall")
+    model, task = shipped("associative_recall")
     rows = evaluate_sizes(model, task, [12, 20], num_sequences=1000)
     assert [row["perfect"] for row in rows] == pytest.approx([0.996, 0.993], abs=0.01)

@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from torch_ntm import pretrained
-from torch_ntm.checkpoint import load_checkpoint
 from torch_ntm.metrics import bit_errors
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -25,7 +24,7 @@ def _run(script: str, *args: str) -> str:
 
 
 @pytest.mark.parametrize("float64", [False, True])
-def test_sort_precision_splits_every_sequence(float64):
+def test_sort_precision_splits_every_sequence(float64, shipped):
     out = _run("sort_precision.py", str(pretrained.path("priority_sort")), "--sequences", "40",
                *(["--float64"] if float64 else []))
     assert "20 inputs, 16 outputs, 40 sequences" in out
@@ -34,11 +33,12 @@ def test_sort_precision_splits_every_sequence(float64):
     below = [int(b) for _, b, _ in rows]
     assert all(int(b) + int(rest) == 40 for _, b, rest in rows)
     assert below == sorted(below)  # a larger gap has at least as many sequences below it
-    # its share of perfect sequences is the library's on the same draw (seed 777)
-    ckpt = load_checkpoint(pretrained.path("priority_sort"))
-    batch = ckpt.task().sample(40, torch.Generator().manual_seed(777))
+    # its share of perfect sequences is the library's on the same draw (seed 777), same dtype
+    dtype = torch.float64 if float64 else torch.float32
+    model, task = shipped("priority_sort")
+    batch = task.sample(40, torch.Generator().manual_seed(777))
     with torch.no_grad():
-        logits, _ = ckpt.model().eval()(batch.inputs)
+        logits, _ = model.to(dtype)(batch.inputs.to(dtype))
     perfect = float((bit_errors(logits, batch.targets, batch.mask) == 0).double().mean())
     assert f"{perfect:.1%} perfect" in out
 
