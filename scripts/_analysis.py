@@ -2,10 +2,11 @@
 and a run's kept weights loaded for inference on one thread."""
 
 import argparse
+import sys
 
 import torch
 
-from torch_ntm.checkpoint import Checkpoint, load_checkpoint
+from torch_ntm.checkpoint import Checkpoint, CheckpointError, load_checkpoint
 
 
 def parser(doc: str, sequences: int) -> argparse.ArgumentParser:
@@ -17,9 +18,14 @@ def parser(doc: str, sequences: int) -> argparse.ArgumentParser:
     return parser
 
 
-def load(run: str) -> tuple[Checkpoint, torch.nn.Module]:
+def load(run: str, task: str) -> tuple[Checkpoint, torch.nn.Module]:
     """``run``'s checkpoint and its kept weights as a model in eval mode, with torch on one
-    thread."""
+    thread. A run that cannot be read, or is not of ``task``, ends the script with one line."""
     torch.set_num_threads(1)
-    ckpt = load_checkpoint(run)
+    try:
+        ckpt = load_checkpoint(run)
+    except CheckpointError as e:
+        sys.exit(f"error: {e}")
+    if ckpt.config.task != task:
+        sys.exit(f"error: {run} is a {ckpt.config.task!r} run; this script reads {task!r} runs")
     return ckpt, ckpt.model().eval()

@@ -19,7 +19,7 @@ def main() -> None:
     parser = _analysis.parser(__doc__, sequences=5000)
     parser.add_argument("--items", type=int, default=6)
     args = parser.parse_args()
-    ckpt, model = _analysis.load(args.run)
+    ckpt, model = _analysis.load(args.run, "associative_recall")
     task = ckpt.task().with_size(args.items)
     W, k, n = task.width, task.item_length, args.items
     generator = torch.Generator().manual_seed(123)

@@ -21,7 +21,7 @@ def main() -> None:
     parser.add_argument("--length", type=int, default=10)
     parser.add_argument("--repeats", default="10,12,15,20")
     args = parser.parse_args()
-    ckpt, model = _analysis.load(args.run)
+    ckpt, model = _analysis.load(args.run, "repeat_copy")
     trained = ckpt.task()
     L, W = args.length, trained.width
     for R in (int(r) for r in args.repeats.split(",")):

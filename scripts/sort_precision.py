@@ -22,7 +22,7 @@ def main() -> None:
     parser.add_argument("--inputs", type=int, default=20)
     parser.add_argument("--float64", action="store_true", help="run the model in float64")
     args = parser.parse_args()
-    ckpt, model = _analysis.load(args.run)
+    ckpt, model = _analysis.load(args.run, "priority_sort")
     dtype = torch.float64 if args.float64 else torch.float32
     model.to(dtype)
     task = ckpt.task().with_size(args.inputs)

@@ -16,11 +16,27 @@ from torch_ntm.metrics import bit_errors
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
 
+def _call(script: str, *args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True,
+                          text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
 def _run(script: str, *args: str) -> str:
-    result = subprocess.run([sys.executable, str(SCRIPTS / script), *args], capture_output=True,
-                            text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    result = _call(script, *args)
     assert result.returncode == 0, result.stderr
     return result.stdout
+
+
+@pytest.mark.parametrize("script", ["sort_precision.py", "repeat_copy_loops.py",
+                                    "recall_errors.py"])
+@pytest.mark.parametrize(("run", "message"), [
+    ("no-such-run", "no such checkpoint"),
+    (str(pretrained.path("copy")), "is a 'copy' run; this script reads"),
+])
+def test_a_wrong_run_ends_in_one_line(script, run, message):
+    result = _call(script, run)
+    assert result.returncode != 0 and message in result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1
 
 
 @pytest.mark.parametrize("float64", [False, True])
