@@ -592,6 +592,25 @@ def test_cell_input_of_another_dtype_names_expected_and_actual(dtype):
         cell(torch.zeros(2, 5, dtype=getattr(torch, dtype)))
 
 
+@pytest.mark.parametrize("name", ["NTMCell", "MANNCell"])
+@pytest.mark.parametrize("given, error, message", [
+    ("list", TypeError, r"{cell} expects a tensor of shape \[batch, 5\], got list"),
+    ("sequence", ValueError, r"{cell} expects input of shape \[batch, 5\], got \[3, 2, 5\]; "
+                             r"for a sequence \[time, batch, 5\] use {sequence}$"),
+    ("too wide", ValueError, r"{cell} expects input of shape \[batch, 5\], got \[2, 6\]"),
+])
+def test_cell_input_of_another_kind_or_shape_names_the_expected_shape(name, given, error, message):
+    import torch
+
+    import torch_ntm
+
+    cell = getattr(torch_ntm, name)(5, 4, controller_size=8, memory_size=8, memory_width=4)
+    x = {"list": [[0.0] * 5] * 2, "sequence": torch.zeros(3, 2, 5),
+         "too wide": torch.zeros(2, 6)}[given]
+    with pytest.raises(error, match=message.format(cell=name, sequence=name[:-4])):
+        cell(x)
+
+
 @pytest.mark.parametrize("engine", ["fast", "eager"])
 def test_a_state_from_another_controller_names_the_expected_shape(engine):
     import torch

@@ -30,7 +30,13 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_ntm import functional as ntmf
-from torch_ntm.model import MEMORY_INIT_CONSTANT, LSTMController, _choice, _positive_int
+from torch_ntm.model import (
+    MEMORY_INIT_CONSTANT,
+    LSTMController,
+    _check_cell_input,
+    _choice,
+    _positive_int,
+)
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
 
@@ -267,10 +273,7 @@ class MANNCell(_MANNBase):
         Returns:
             ``(logits [B, output_size], state)``.
         """
-        if not isinstance(x, Tensor) or x.dim() != 2 or x.shape[1] != self.input_size:
-            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            raise ValueError(f"MANNCell expects input of shape [batch, {self.input_size}], got "
-                             f"{got}; for a sequence [time, batch, {self.input_size}] use MANN")
+        _check_cell_input(self, x)
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)

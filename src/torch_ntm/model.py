@@ -420,6 +420,19 @@ def _where_batch(mask: Tensor, new, old, dim: int):
     return torch.where(mask.view(shape), new, old)
 
 
+def _check_cell_input(cell: nn.Module, x: object) -> None:
+    """Raise a clear error unless ``x`` is one step's input ``[batch, cell.input_size]``
+    (`NTMCell`, `torch_ntm.MANNCell`; a sequence belongs to the module without "Cell")."""
+    name = type(cell).__name__
+    shape = f"[batch, {cell.input_size}]"
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} expects a tensor of shape {shape}, got {type(x).__name__}")
+    if x.dim() != 2 or x.shape[1] != cell.input_size:
+        raise ValueError(f"{name} expects input of shape {shape}, got {list(x.shape)}; for a "
+                         f"sequence [time, batch, {cell.input_size}] use "
+                         f"{name.removesuffix('Cell')}")
+
+
 class NTMCell(_NTMBase):
     """One step of a Neural Turing Machine.
 
@@ -442,10 +455,7 @@ class NTMCell(_NTMBase):
         Returns:
             ``(logits [B, output_size], state)``.
         """
-        if x.dim() != 2 or x.shape[1] != self.input_size:
-            raise ValueError(
-                f"NTMCell expects input of shape [batch, {self.input_size}], got {list(x.shape)}"
-            )
+        _check_cell_input(self, x)
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[0], x.device, x.dtype)

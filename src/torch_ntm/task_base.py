@@ -45,12 +45,19 @@ class Task:
 
     @property
     def train_size(self) -> int:
-        """The largest value of the main size knob this task generates."""
-        raise NotImplementedError
+        """The largest value of the main size knob this task generates (by default the high end
+        of ``size_range``)."""
+        if self.size_range is None:
+            raise NotImplementedError
+        return getattr(self, self.size_range[1])
 
     def with_size(self, size: int) -> Task:
-        """A copy of this task that generates exactly ``size`` of its main size knob."""
-        raise NotImplementedError
+        """A copy of this task that generates exactly ``size`` of its main size knob (by default
+        both ends of ``size_range`` set to it)."""
+        if self.size_range is None:
+            raise NotImplementedError
+        low, high = self.size_range
+        return dataclasses.replace(self, **{low: size, high: size})
 
     def up_to(self, size: int) -> Task:
         """A copy of this task whose sizes go up to ``size`` at most: a step of a curriculum.

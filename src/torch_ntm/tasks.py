@@ -112,13 +112,6 @@ class CopyTask(Task):
     def output_size(self) -> int:
         return self.width
 
-    @property
-    def train_size(self) -> int:
-        return self.max_length
-
-    def with_size(self, size: int) -> CopyTask:
-        return dataclasses.replace(self, min_length=size, max_length=size)
-
     def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
         W, B = self.width, batch_size
         length = _randint(self.min_length, self.max_length, B, generator)  # L, (B,)
@@ -186,13 +179,6 @@ class RepeatCopyTask(Task):
     @property
     def output_size(self) -> int:
         return self.width + 1
-
-    @property
-    def train_size(self) -> int:
-        return self.max_length
-
-    def with_size(self, size: int) -> RepeatCopyTask:
-        return dataclasses.replace(self, min_length=size, max_length=size)
 
     def with_repeats(self, repeats: int) -> RepeatCopyTask:
         """A copy that always asks for exactly ``repeats`` copies (``repeats_norm`` unchanged)."""
@@ -282,13 +268,6 @@ class AssociativeRecallTask(Task):
     @property
     def output_size(self) -> int:
         return self.width
-
-    @property
-    def train_size(self) -> int:
-        return self.max_items
-
-    def with_size(self, size: int) -> AssociativeRecallTask:
-        return dataclasses.replace(self, min_items=size, max_items=size)
 
     def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
         W, B, k = self.width, batch_size, self.item_length
