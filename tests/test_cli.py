@@ -104,6 +104,8 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
      "ntm: error: the model cannot be built from this config: shift_range=100 needs"),
     (["train", "copy", "--set", "device=tpu"], "ntm: error: device 'tpu' is not a valid torch"),
     (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
+    (["bench", "--seq-len", "0"], "ntm: error: --seq-len must be >= 1, got 0"),
+    (["bench", "--steps", "0"], "ntm: error: --steps must be >= 1, got 0"),
     (["train", "copy", "--set", "task.min_length=30"],
      "ntm: error: the task cannot be built from this config: CopyTask: min_length=30 must be"),
 ])

@@ -333,6 +333,8 @@ def test_ray_missing_is_one_line_saying_how_to_install_it(tmp_path, capsys, monk
     (["sweep", "sorting"], "ntm: error: unknown task 'sorting'; valid tasks: associative_recall"),
     (["sweep", "copy", "--seeds", "0"], "ntm: error: --seeds must be >= 1, got 0"),
     (["sweep", "copy", "--jobs", "0"], "ntm: error: --jobs must be >= 1, got 0"),
+    # seed -1's folder would be seed-1, another seed's
+    (["sweep", "copy", "--first-seed", "-1"], "ntm: error: --first-seed must be >= 0, got -1"),
     (["sweep", "copy", "--sequences", "0"], "ntm: error: --sequences must be >= 1, got 0"),
     (["sweep", "copy", "--set", "seed=3"], "ntm: error: --set seed: the sweep sets seed itself"),
     (["sweep", "copy", "--set", "max_sequences=9"], "ntm: error: --set max_sequences: the sweep"),

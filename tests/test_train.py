@@ -420,6 +420,26 @@ def test_stopping_needs_the_generalisation_sizes_clean_and_they_are_logged(tmp_p
     assert result.metrics["general_bit_errors"] == 0.0
 
 
+def test_stop_bit_errors_holds_at_each_generalisation_size_not_for_their_sum(tmp_path,
+                                                                            monkeypatch):
+    """stop_bit_errors is per sequence at every eval_size: two sizes at 0.4 meet 0.5 (their
+    sum, which ranks validations, would not)."""
+    import torch_ntm.train as module
+
+    def scripted(model, batches):
+        length = int(batches[0][0].mask.sum(0).max())  # answer steps: the copy length
+        errors = 0.0 if length <= 2 else 0.4
+        return {"cost_bits": 1.0, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "eval_sizes=5,9",
+                                               "stop_bit_errors=0.5", "patience_evals=1",
+                                               "rollback_bit_errors=-1", "max_sequences=40"])
+    result = train(config, tmp_path / "run", progress=False)
+    assert result.converged and result.step == 1
+    assert result.metrics["general_bit_errors"] == pytest.approx(0.8)
+
+
 def test_generalisation_is_validated_with_eval_memory_size_rows_and_the_same_weights(
         tmp_path, monkeypatch):
     """eval_memory_size: the eval_sizes validations run the model's weights with more rows;

@@ -481,15 +481,17 @@ def _cmd_bench(args) -> int:
     from torch_ntm.bench import format_table, run_bench
     from torch_ntm.config import ConfigError, resolve_device
 
-    if args.threads < 1:
-        raise ConfigError(f"--threads must be >= 1, got {args.threads}")
+    for name, value in (("--threads", args.threads), ("--seq-len", args.seq_len),
+                        ("--steps", args.steps)):
+        if value is not None and value < 1:
+            raise ConfigError(f"{name} must be >= 1, got {value}")
     kwargs = {"seq_len": args.seq_len, "device": resolve_device(args.device),
               "threads": args.threads}
     if args.batch_size:
         kwargs["batch_sizes"] = tuple(args.batch_size)
     if args.memory_size:
         kwargs["memory_sizes"] = tuple(args.memory_size)
-    if args.steps:
+    if args.steps is not None:
         kwargs["steps"] = args.steps
     if args.engines:
         kwargs["engines"] = tuple(args.engines)

@@ -174,12 +174,10 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         KeyboardInterrupt, SystemExit: the sweep was stopped (Ctrl-C, SIGTERM); the report of
             the trainings that finished was written first.
     """
-    if seeds < 1:
-        raise ConfigError(f"--seeds must be >= 1, got {seeds}")
-    if jobs is not None and jobs < 1:
-        raise ConfigError(f"--jobs must be >= 1, got {jobs}")
-    if sequences < 1:
-        raise ConfigError(f"--sequences must be >= 1, got {sequences}")
+    for name, value, least in (("--seeds", seeds, 1), ("--first-seed", first_seed, 0),
+                               ("--jobs", jobs, 1), ("--sequences", sequences, 1)):
+        if value is not None and value < least:
+            raise ConfigError(f"{name} must be >= {least}, got {value}")
     if not (gpus_per_run >= 0 and math.isfinite(gpus_per_run)):
         raise ConfigError(f"--gpus-per-run must be a number >= 0, got {gpus_per_run}")
     if gpus_per_run and ray_address is None:

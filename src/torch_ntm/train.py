@@ -183,8 +183,8 @@ def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
 
 def _score(metrics: dict) -> tuple:
     """Order of validations, best first: fewest wrong bits in the training distribution, then
-    fewest at the generalisation sizes (``eval_sizes``; none validated counts as infinitely
-    many), then the lowest cost. For a label task: fewest wrong labels per episode on the held-out
+    fewest at the generalisation sizes (``eval_sizes``, per sequence summed over the sizes; none
+    validated counts as infinitely many), then the lowest cost. For a label task: fewest wrong labels per episode on the held-out
     data, then the lowest cross-entropy (it has no ``eval_sizes``). A task with a reference cost
     (n-grams) has random targets and no bit-exact solution: the lowest cost alone."""
     if "reference_cost_bits" in metrics:
@@ -488,16 +488,19 @@ class _Run:
         self._clock()
         metrics = evaluate_batches(self.model, self.val_batches)
         self._write("val", metrics)
-        if self.general_batches and metrics["bit_errors"] == 0:  # only then can it generalise
-            metrics["general_bit_errors"] = 0.0
+        # Wrong bits per sequence at each of eval_sizes (validated only once the training
+        # distribution has none: only then can it generalise); their sum ranks validations.
+        at_sizes = [math.inf] if self.general_batches else []
+        if self.general_batches and metrics["bit_errors"] == 0:
             if self.general_model is not self.model:
                 self.general_model.load_state_dict(self.model.state_dict())
+            at_sizes = []
             for size, batches in self.general_batches.items():
                 row = evaluate_batches(self.general_model, batches)
-                metrics["general_bit_errors"] += row["bit_errors"]
+                at_sizes.append(row["bit_errors"])
                 self._write(f"val@{size}", row)
-        worst = max(metrics["bit_errors"], metrics.get("general_bit_errors", math.inf)
-                    if self.general_batches else 0.0)
+            metrics["general_bit_errors"] = sum(at_sizes)
+        worst = max([metrics["bit_errors"], *at_sizes])  # stopping asks it of every size
         # Counted since the last validation with too many wrong bits in the training
         # distribution: one that fails only at eval_sizes does not count, nor start the count
         # again (at 6x the training length a good solution can lose one sequence of 100 at one
