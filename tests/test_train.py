@@ -128,6 +128,23 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
     assert resolve_config("copy", "ntm-lstm-paper").lr_decay_bit_errors < 0
 
 
+def test_train_refuses_to_resume_a_run_with_a_setting_it_cannot_change(tmp_path):
+    """`train(..., resume=True)` checks the config against the run's, as ``ntm train --resume``
+    does: a changed batch size or seed would train on state made for another run."""
+    from torch_ntm.config import ConfigError
+
+    config = resolve_config("copy", overrides=[*_TINY_LR, "max_sequences=8"])
+    train(config, tmp_path / "run", progress=False)
+    before = (tmp_path / "run" / "config.json").read_text()
+    for change in ({"batch_size": 4}, {"seed": 1}, {"controller_size": 16}):
+        other = dataclasses.replace(config, max_sequences=16, **change)
+        with pytest.raises(ConfigError, match=f"cannot change {next(iter(change))}; only "):
+            train(other, tmp_path / "run", resume=True, progress=False)
+    assert (tmp_path / "run" / "config.json").read_text() == before
+    longer = dataclasses.replace(config, max_sequences=16, lr=0.001)  # resumable keys
+    assert train(longer, tmp_path / "run", resume=True, progress=False).sequences == 16
+
+
 def test_lr_milestones_decay_the_rate_as_training_passes_them(tmp_path):
     tiny, lr_of = [*_TINY_LR, "lr_decay=0.5", "log_every=1"], _lr_of
 

@@ -147,10 +147,9 @@ def _parser() -> argparse.ArgumentParser:
 
 def _cmd_train(args) -> int:
     import contextlib
-    import dataclasses
 
     from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
-    from torch_ntm.config import ConfigError, apply_overrides, resolve_config
+    from torch_ntm.config import ConfigError, apply_overrides, check_resume, resolve_config
     from torch_ntm.factories import build_model, build_task
 
     main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 writes
@@ -164,12 +163,7 @@ def _cmd_train(args) -> int:
         if ckpt.config.task != args.task:
             raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
         config = apply_overrides(ckpt.config, args.overrides)
-        frozen = [f.name for f in dataclasses.fields(config)
-                  if f.name not in _RESUMABLE
-                  and getattr(config, f.name) != getattr(ckpt.config, f.name)]
-        if frozen:
-            raise ConfigError(f"--resume cannot change {', '.join(frozen)}; only "
-                              f"{', '.join(sorted(_RESUMABLE))} may be changed when resuming")
+        check_resume(ckpt.config, config)
         run_dir = args.resume
     else:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
@@ -255,10 +249,6 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
 # lr replaces the optimizer's current rate (to fine-tune a run at a lower one), milestones not
 # yet passed apply from the resumed step on, and an ema_decay given to a run without one starts
 # the average from the resumed weights.
-_RESUMABLE = {"max_sequences", "max_seconds", "eval_every", "log_every", "stop_bit_errors",
-              "patience_evals", "threads", "device", "lr", "lr_milestones", "ema_decay"}
-
-
 def _print_generalisation(ckpt) -> None:
     """The final table of `ntm train`: the kept weights of the run ``ckpt`` at the task's
     generalisation sizes (a label task: accuracy by instance on held-out episodes)."""

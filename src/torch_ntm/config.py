@@ -21,7 +21,8 @@ from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
-    "resolve_device", "check_memory_size", "default_preset", "MODELS",
+    "resolve_device", "check_memory_size", "default_preset", "check_resume", "MODELS",
+    "RESUMABLE",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
@@ -485,6 +486,23 @@ _DEFAULT_PRESETS = {"omniglot": "mann", "repeat_copy": "ntm-lstm-paper"}
 def default_preset(task: str) -> str:
     """The preset of ``task`` that ``ntm train TASK`` uses without ``--preset``."""
     return _DEFAULT_PRESETS.get(task, "ntm-lstm")
+
+
+# What a resumed run may change: its budget, its bookkeeping and where it runs, and the rate
+# and weight averaging (the optimizer and average carry over); the rest makes another run.
+RESUMABLE = frozenset({"max_sequences", "max_seconds", "eval_every", "log_every",
+                       "stop_bit_errors", "patience_evals", "threads", "device", "lr",
+                       "lr_milestones", "ema_decay"})
+
+
+def check_resume(saved: TrainConfig, config: TrainConfig) -> None:
+    """Raise `ConfigError` naming the keys in which ``config`` differs from ``saved`` (the
+    config of the run it would continue) outside `RESUMABLE`."""
+    frozen = [f.name for f in dataclasses.fields(config) if f.name not in RESUMABLE
+              and getattr(config, f.name) != getattr(saved, f.name)]
+    if frozen:
+        raise ConfigError(f"--resume cannot change {', '.join(frozen)}; only "
+                          f"{', '.join(sorted(RESUMABLE))} may be changed when resuming")
 
 
 def _check_type(name: str, value, expected, source: str) -> None:

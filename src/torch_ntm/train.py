@@ -29,7 +29,7 @@ from torch_ntm.checkpoint import (
     lock_run,
     save_checkpoint,
 )
-from torch_ntm.config import ConfigError, TrainConfig, resolve_device
+from torch_ntm.config import ConfigError, TrainConfig, check_resume, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import MetricsLog
@@ -184,9 +184,10 @@ def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
 def _score(metrics: dict) -> tuple:
     """Order of validations, best first: fewest wrong bits in the training distribution, then
     fewest at the generalisation sizes (``eval_sizes``, per sequence summed over the sizes; none
-    validated counts as infinitely many), then the lowest cost. For a label task: fewest wrong labels per episode on the held-out
-    data, then the lowest cross-entropy (it has no ``eval_sizes``). A task with a reference cost
-    (n-grams) has random targets and no bit-exact solution: the lowest cost alone."""
+    validated counts as infinitely many), then the lowest cost. For a label task: fewest wrong
+    labels per episode on the held-out data, then the lowest cross-entropy (it has no
+    ``eval_sizes``). A task with a reference cost (n-grams) has random targets and no bit-exact
+    solution: the lowest cost alone."""
     if "reference_cost_bits" in metrics:
         return (metrics["cost_bits"],)
     general = metrics.get("general_bit_errors")
@@ -360,6 +361,7 @@ class _Run:
         self.model.train()
 
     def _restore(self, ckpt) -> None:
+        check_resume(ckpt.config, self.config)
         ckpt.load_weights_into(self.model)
         ckpt.restore_train_state(self.optimizer, self.data_gen)  # the lr is in its state
         self.state = _State.from_checkpoint(ckpt)
