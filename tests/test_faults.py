@@ -665,3 +665,11 @@ def test_a_failure_while_rewriting_metrics_at_resume_keeps_the_old_rows(run, mon
     with pytest.raises(OSError, match="killed while writing"):
         train(tiny_config("max_sequences=8"), run, resume=True, progress=False)
     assert (run / "metrics.csv").read_bytes() == before
+
+
+def test_evaluating_no_batches_is_a_clear_error():
+    from torch_ntm import NTM
+    from torch_ntm.evaluate import evaluate_batches
+
+    with pytest.raises(ValueError, match="no batches to evaluate"):
+        evaluate_batches(NTM(9, 8), [])

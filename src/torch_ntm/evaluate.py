@@ -36,8 +36,12 @@ def evaluate_batches(model: nn.Module, batches) -> dict:
 
     Args:
         model: maps time-major inputs ``[T, B, I]`` to ``(logits [T, B, O], state)``.
-        batches: iterable of `torch_ntm.tasks.Batch` (time-major), with an optional ``task`` that
-            says how to score it and gives its reference cost beside the model's.
+        batches: ``(batch, task)`` pairs, as `fixed_batches` makes them: a time-major
+            `torch_ntm.tasks.Batch` and the task that drew it, which says how to score it and
+            gives its reference cost beside the model's.
+
+    Raises:
+        ValueError: ``batches`` is empty.
     """
     was_training = model.training
     model.eval()
@@ -49,13 +53,14 @@ def evaluate_batches(model: nn.Module, batches) -> dict:
         score = task_objective(task)
         costs.append(score.loss(logits, targets, mask).cpu() / math.log(2))
         errors.append(score.errors(logits, targets, mask).cpu())
-        ref = task.reference_cost(batch) if task is not None else None
+        ref = task.reference_cost(batch)
         if ref is not None:
             refs.append(ref.cpu())
-        if task is not None:
-            for key, value in task.extra_scores(logits, targets, mask).items():
-                extras.setdefault(key, []).append((value, targets.shape[1]))
+        for key, value in task.extra_scores(logits, targets, mask).items():
+            extras.setdefault(key, []).append((value, targets.shape[1]))
     model.train(was_training)
+    if not costs:
+        raise ValueError("evaluate_batches: no batches to evaluate")
     cost, err = torch.cat(costs), torch.cat(errors)
     out = {
         "sequences": int(cost.numel()),
@@ -105,7 +110,8 @@ def evaluate_episodes(model: nn.Module, task, num_sequences: int = HELD_OUT_EPIS
 
 
 def format_table(rows: list[dict]) -> str:
-    """A plain-text table of `evaluate_sizes` rows."""
+    """A plain-text table of rows (dicts with the keys of the first, e.g. `evaluate_sizes`'),
+    one column per key."""
     if not rows:
         return ""
     keys = list(rows[0])
