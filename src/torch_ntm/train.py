@@ -486,7 +486,14 @@ class _Run:
         self.save()
 
     def _validate(self) -> None:
-        config, state = self.config, self.state
+        metrics, worst = self._evaluate()
+        self._count_towards_stopping(metrics["bit_errors"], worst)
+        self._decay_once(metrics["bit_errors"])
+        self.state.metrics = self._keep_or_roll_back(metrics)
+
+    def _evaluate(self) -> tuple[dict, float]:
+        """The validation's metrics (logged), and its wrong bits per sequence at the worst of
+        the training distribution and the ``eval_sizes`` (inf while these are not validated)."""
         self._clock()
         metrics = evaluate_batches(self.model, self.val_batches)
         self._write("val", metrics)
@@ -502,35 +509,49 @@ class _Run:
                 at_sizes.append(row["bit_errors"])
                 self._write(f"val@{size}", row)
             metrics["general_bit_errors"] = sum(at_sizes)
-        worst = max([metrics["bit_errors"], *at_sizes])  # stopping asks it of every size
-        # Counted since the last validation with too many wrong bits in the training
-        # distribution: one that fails only at eval_sizes does not count, nor start the count
-        # again (at 6x the training length a good solution can lose one sequence of 100 at one
-        # validation and have it back at the next: docs/stability.md).
-        if not 0 <= metrics["bit_errors"] <= config.stop_bit_errors:
-            state.streak = 0
-        elif worst <= config.stop_bit_errors:
-            state.streak += 1
+        return metrics, max([metrics["bit_errors"], *at_sizes])
+
+    def _count_towards_stopping(self, bit_errors: float, worst: float) -> None:
+        """Count a validation that meets ``stop_bit_errors`` everywhere (``worst``). Counted
+        since the last one with too many wrong bits in the training distribution (``bit_errors``):
+        one that fails only at eval_sizes does not count, nor start the count again (at 6x the
+        training length a good solution can lose one sequence of 100 at one validation and have
+        it back at the next: docs/stability.md)."""
+        if not 0 <= bit_errors <= self.config.stop_bit_errors:
+            self.state.streak = 0
+        elif worst <= self.config.stop_bit_errors:
+            self.state.streak += 1
+
+    def _decay_once(self, bit_errors: float) -> None:
+        """The one decay of the rate, at the first validation at or under
+        ``lr_decay_bit_errors``."""
+        config, state = self.config, self.state
         if (not state.lr_decayed and 0 <= config.lr_decay_bit_errors
-                and metrics["bit_errors"] <= config.lr_decay_bit_errors):
+                and bit_errors <= config.lr_decay_bit_errors):
             _scale_lr(self.optimizer, config.lr_decay)
             state.lr_decayed = True
-        if 0 <= config.rollback_bit_errors and self.best.fell_apart(metrics,
-                                                                    config.rollback_bit_errors):
-            metrics = self.best.restore()
-            _scale_lr(self.optimizer, config.lr_decay)
-            self.best.offer(metrics, replace=True)  # the decayed lr is what a later one gets
-            state.rollbacks += 1
-            self._write("rollback", metrics)
-        else:
+
+    def _keep_or_roll_back(self, metrics: dict) -> dict:
+        """Offer this validation's weights as the best; or, if the run fell apart
+        (``rollback_bit_errors``), restore the best with a decayed rate. Returns the metrics of
+        the weights the model now holds."""
+        limit = self.config.rollback_bit_errors
+        if not (0 <= limit and self.best.fell_apart(metrics, limit)):
             self.best.offer(metrics)
-        state.metrics = metrics
-        # The checkpoint keeps the running sums of all processes; rank 0 holds them from here.
-        totals = self.world.sum(state.running)
-        state.running = totals if self.world.main else [0.0, 0.0, 0.0]
+            return metrics
+        metrics = self.best.restore()
+        _scale_lr(self.optimizer, self.config.lr_decay)
+        self.best.offer(metrics, replace=True)  # the decayed lr is what a later one gets
+        self.state.rollbacks += 1
+        self._write("rollback", metrics)
+        return metrics
 
     def save(self) -> None:
+        """Write the checkpoint (rank 0). Every process calls it: the checkpoint keeps the
+        running sums of all of them, which rank 0 holds from here."""
         self.saved_step = self.state.step
+        totals = self.world.sum(self.state.running)
+        self.state.running = totals if self.world.main else [0.0, 0.0, 0.0]
         if not self.world.main:
             return
         s = self.state
