@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 import time
 from pathlib import Path
@@ -151,8 +150,9 @@ def _cmd_train(args) -> int:
     from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
     from torch_ntm.config import ConfigError, apply_overrides, check_resume, resolve_config
     from torch_ntm.factories import build_model, build_task
+    from torch_ntm.train import is_main_process, load_initial_weights
 
-    main_process = int(os.environ.get("RANK", "0")) == 0  # under torchrun, rank 0 writes
+    main_process = is_main_process()  # under torchrun, rank 0 writes
     if args.resume is not None:
         given = [f"--{name}" for name in ("out", "seed", "preset", "overwrite")
                  if getattr(args, name) not in (None, False)]
@@ -167,11 +167,9 @@ def _cmd_train(args) -> int:
         run_dir = args.resume
     else:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
-        from torch_ntm.train import load_initial_weights
-
         # A config that cannot train, or weights that do not fit it, fail here.
         load_initial_weights(config, build_model(config, build_task(config)))
-        run_dir = Path(args.out or Path("runs") / args.task)
+        run_dir = Path(args.out or _default_run_dir(args.task))
         if main_process:  # the other ranks would see its files appear
             run_dir = _new_run_dir(args.out, args.task, args.overwrite)
     # Everything is checked: from here on this process owns the run directory.
@@ -186,6 +184,11 @@ def _cmd_train(args) -> int:
         return _train_and_report(args, config, run_dir, main_process)
 
 
+def _default_run_dir(task: str) -> Path:
+    """Where ``ntm train TASK`` writes without ``--out``."""
+    return Path("runs") / task
+
+
 def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
     """The directory for a new run, refused (`ConfigError`) unless it is new or empty, or
     ``overwrite`` is given; the current directory and the empty name are always refused."""
@@ -194,7 +197,7 @@ def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
 
     if out is not None and not out.strip():
         raise ConfigError("--out is empty; name the run directory (default runs/TASK)")
-    run_dir = Path(out) if out is not None else Path("runs") / task
+    run_dir = Path(out) if out is not None else _default_run_dir(task)
     if run_dir.exists() and not run_dir.is_dir():
         raise ConfigError(f"--out {run_dir}: exists and is not a directory")
     here = Path.cwd().resolve()
@@ -440,7 +443,13 @@ def _cmd_pretrained(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
-    from torch_ntm.sweep import DEFAULT_SEQUENCES, format_grid_report, format_report, run_sweep
+    from torch_ntm.sweep import (
+        DEFAULT_SEQUENCES,
+        default_out,
+        format_grid_report,
+        format_report,
+        run_sweep,
+    )
 
     try:
         report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
@@ -450,7 +459,7 @@ def _cmd_sweep(args) -> int:
                            sequences=DEFAULT_SEQUENCES if args.sequences is None
                            else args.sequences)
     except (KeyboardInterrupt, SystemExit) as e:
-        out = args.out or Path("runs") / f"sweep-{args.task}"
+        out = args.out or default_out(args.task)
         print(f"ntm: sweep interrupted; {out / 'report.md'} reports the seeds that finished; "
               f"run the same command to continue", file=sys.stderr)
         return e.code if isinstance(e, SystemExit) else 130

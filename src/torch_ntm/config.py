@@ -22,12 +22,14 @@ from torch_ntm.tasks import TASKS, Task, make_task
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
     "resolve_device", "check_memory_size", "default_preset", "check_resume", "MODELS",
+    "OPTIMIZERS",
     "RESUMABLE",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
 # (LRUA memory, Santoro et al. 2016).
 MODELS = ("ntm", "lstm", "mann")
+OPTIMIZERS = ("rmsprop", "adam")  # the paper's, and Adam (`torch_ntm.train.make_optimizer`)
 
 
 class ConfigError(ValueError):
@@ -321,7 +323,7 @@ def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
 
 
 # The keys with a fixed set of values but the model's (`NTMOptions.checked` checks those).
-_CHOICES = {"model": MODELS, "engine": ENGINES, "optimizer": ("rmsprop", "adam")}
+_CHOICES = {"model": MODELS, "engine": ENGINES, "optimizer": OPTIMIZERS}
 
 
 # Presets from the paper's tables 1-3 (architecture, heads, memory and learning rate). "#heads"

@@ -45,7 +45,8 @@ from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import read_metrics
 
 __all__ = ["run_sweep", "parse_grid", "GridPoint", "summarise", "format_report",
-           "format_grid_report", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO", "RAY_INSTALL"]
+           "format_grid_report", "default_out", "COLLAPSE_BIT_ERRORS", "GOAL_TIME_RATIO",
+           "RAY_INSTALL"]
 
 COLLAPSE_BIT_ERRORS = 1.0  # a converged seed whose validation exceeds this has collapsed
 GOAL_TIME_RATIO = 3.0  # the slowest seed may take this many times the median time to converge
@@ -198,7 +199,7 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
     sets = ["threads=1", *(["device=cuda"] if gpus_per_run else []), *overrides]
     configs = _point_configs(task, preset, sets, points)
 
-    out = Path(out) if out is not None else Path("runs") / f"sweep-{task}"
+    out = Path(out) if out is not None else default_out(task)
     seed_range = range(first_seed, first_seed + seeds)
     runs = [_Run(p, s, out / p.name / f"seed-{s}", [*sets, *p.overrides, "stop_bit_errors=-1",
                                                     f"max_sequences={sequences}"])
@@ -322,6 +323,11 @@ def _train(task: str, preset: str | None, runs: list[_Run], jobs: int | None,
         if launcher is not None:
             launcher.close()
     return stopped
+
+
+def default_out(task: str) -> Path:
+    """The folder of a sweep of ``task`` without ``out``."""
+    return Path("runs") / f"sweep-{task}"
 
 
 def _train_argv(task: str, preset: str | None, run: _Run) -> list[str]:

@@ -29,13 +29,14 @@ from torch_ntm.checkpoint import (
     lock_run,
     save_checkpoint,
 )
-from torch_ntm.config import ConfigError, TrainConfig, check_resume, resolve_device
+from torch_ntm.config import OPTIMIZERS, ConfigError, TrainConfig, check_resume, resolve_device
 from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip
 
-__all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches"]
+__all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches",
+           "is_main_process"]
 
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes)
 # The validation set of a task whose held-out data is not its training distribution (Omniglot's
@@ -97,7 +98,8 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
             return torch.optim.AdamW(params, lr=config.lr, amsgrad=config.amsgrad,
                                      weight_decay=config.weight_decay, foreach=True)
         return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad, foreach=True)
-    raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: adam, rmsprop")
+    raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: "
+                      f"{', '.join(OPTIMIZERS)}")
 
 
 def validation_batches(config: TrainConfig, task) -> list:
@@ -114,8 +116,7 @@ def _spike_clip(config: TrainConfig, params) -> SpikeClip | None:
     """With ``clip_spikes``, the norm clip relative to the recent median (`SpikeClip`)."""
     if config.clip_spikes <= 0:
         return None
-    max_norm = config.clip_norm if config.clip_norm > 0 else math.inf
-    return SpikeClip(params, factor=config.clip_spikes, max_norm=max_norm)
+    return SpikeClip(params, factor=config.clip_spikes, max_norm=_max_norm(config))
 
 
 def _clip(config: TrainConfig, params, spikes: SpikeClip | None) -> torch.Tensor:
@@ -125,7 +126,12 @@ def _clip(config: TrainConfig, params, spikes: SpikeClip | None) -> torch.Tensor
         nn.utils.clip_grad_value_(params, config.clip_value)
     if spikes is not None:
         return spikes()
-    return nn.utils.clip_grad_norm_(params, config.clip_norm if config.clip_norm > 0 else math.inf)
+    return nn.utils.clip_grad_norm_(params, _max_norm(config))
+
+
+def _max_norm(config: TrainConfig) -> float:
+    """The global-norm clip (``clip_norm``; 0: none, the norm still measured)."""
+    return config.clip_norm if config.clip_norm > 0 else math.inf
 
 
 class _World:
@@ -174,6 +180,12 @@ class _World:
         t = torch.tensor(values, dtype=torch.float64, device=self.device)
         dist.all_reduce(t)
         return t.tolist()
+
+
+def is_main_process() -> bool:
+    """Rank 0 under ``torchrun`` (which sets ``RANK``), or a process of its own: the one that
+    writes the run directory."""
+    return int(os.environ.get("RANK", "0")) == 0
 
 
 def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
@@ -247,8 +259,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     holding its lock (`torch_ntm.checkpoint.lock_run`): a second training into it is refused.
     """
     config.check()  # a config built in Python: the checks the command line's parser makes
-    main = int(os.environ.get("RANK", "0")) == 0
-    with lock_run(run_dir) if main else contextlib.nullcontext():
+    with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
         return _train(config, Path(run_dir), resume=resume, progress=progress)
 
 
