@@ -314,6 +314,8 @@ def test_registry():
     assert make_task("copy", max_length=7) == CopyTask(max_length=7)
     for name, cls in TASKS.items():
         assert make_task(name) == cls()
+    # Omniglot alone is scored by labels; every other task has sizes to generalise to
+    assert [name for name, cls in TASKS.items() if cls().labels] == ["omniglot"]
 
 
 def test_unknown_task_lists_valid_names():

@@ -257,12 +257,11 @@ def _print_generalisation(ckpt) -> None:
     generalisation sizes (a label task: accuracy by instance on held-out episodes)."""
     from torch_ntm.evaluate import evaluate_episodes, evaluate_sizes, format_table
 
-    task = ckpt.task()
-    if task.loss != "bce":  # a label task: no sizes to generalise to, accuracy by instance
-        _print_episodes(evaluate_episodes(ckpt.model(**ckpt.config.eval_overrides()), task),
-                        task)
+    task, model = ckpt.task(), ckpt.model(**ckpt.config.eval_overrides())
+    if task.labels:  # no sizes to generalise to: accuracy by instance
+        _print_episodes(evaluate_episodes(model, task), task)
         return
-    rows = evaluate_sizes(ckpt.model(**ckpt.config.eval_overrides()), task, task.eval_sizes)
+    rows = evaluate_sizes(model, task, task.eval_sizes)
     rows_of = ckpt.config.eval_memory_size or ckpt.config.memory_size
     print(f"generalisation ({task.size_name}, trained up to {task.train_size}; memory "
           f"{rows_of} rows):")
@@ -324,7 +323,7 @@ def _cmd_evaluate(args) -> int:
             raise ConfigError("--task-set: the change alters the task's input or output width, "
                               "which the trained model cannot take")
         task = changed
-    if task.loss != "bce":
+    if task.labels:
         return _evaluate_episodes(args, model, task)
     sizes = args.lengths or list(task.eval_sizes)
     for size in sizes:

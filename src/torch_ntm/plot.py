@@ -262,14 +262,13 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     probabilities = task_objective(task).probabilities(logits[:, 0])
     paths.insert(0, plot_io(batch.inputs[:, 0], batch.targets[:, 0], probabilities,
                             batch.mask[:, 0].float(), out / "io.png"))
-    labels = task.loss != "bce"
     curve = plot_learning_curve(json_path.parent / "metrics.csv", out / "learning_curve.png",
-                                labels=labels)
+                                labels=task.labels)
     if curve is not None:
         paths.append(curve)
     if memory_size is None and ckpt.config.eval_overrides():  # the run's generalisation memory
         model = ckpt.model(**ckpt.config.eval_overrides()).eval()
-    if labels:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` gives it
+    if task.labels:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` gives it
         row = evaluate_episodes(model, task, episodes, seed=EVAL_SEED)
         paths.append(plot_accuracy(row["accuracy_by_instance"], row["sequences"],
                                    out / "accuracy.png"))

@@ -36,6 +36,12 @@ class Task:
     size_range: ClassVar[tuple[str, str] | None] = None
 
     @property
+    def labels(self) -> bool:
+        """A label task (scored by wrong labels, accuracy by instance on held-out episodes), not
+        a bit task with sizes to generalise to."""
+        return self.loss == "cross_entropy"
+
+    @property
     def input_size(self) -> int:
         raise NotImplementedError
 
