@@ -104,7 +104,7 @@ def parse_grid(grid: list[str] = ()) -> list[GridPoint]:
 
 
 @dataclasses.dataclass
-class _Run:
+class _SeedRun:
     """One training of the sweep: a seed at a grid point, and what its folder holds now."""
 
     point: GridPoint
@@ -201,8 +201,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
 
     out = Path(out) if out is not None else default_out(task)
     seed_range = range(first_seed, first_seed + seeds)
-    runs = [_Run(p, s, out / p.name / f"seed-{s}", [*sets, *p.overrides, "stop_bit_errors=-1",
-                                                    f"max_sequences={sequences}"])
+    runs = [_SeedRun(p, s, out / p.name / f"seed-{s}",
+                     [*sets, *p.overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"])
             for p in points for s in seed_range]
     # What each folder holds decides what to do: a complete run is reused, an incomplete one
     # resumed, anything else started afresh (a sweep can be continued by running it again).
@@ -214,7 +214,7 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         if run.state == "complete":
             echo(f"{run.label}: complete already ({run.run_dir})")
     pending = [run for run in runs if run.state != "complete"]
-    stopped = _train(task, preset, pending, jobs, ray_address, gpus_per_run, echo)
+    stopped = _train_all(task, preset, pending, jobs, ray_address, gpus_per_run, echo)
 
     title = (f"Sweep: {task} ({configs[0].preset}), seeds {first_seed}-{seed_range[-1]}, "
              f"{sequences:,} sequences each")
@@ -273,8 +273,8 @@ def _grid_errors(point: str = ""):
         raise ConfigError(f"grid point {point}: {text}" if point else text) from None
 
 
-def _train(task: str, preset: str | None, runs: list[_Run], jobs: int | None,
-           ray_address: str | None, gpus_per_run: float, echo) -> BaseException | None:
+def _train_all(task: str, preset: str | None, runs: list[_SeedRun], jobs: int | None,
+               ray_address: str | None, gpus_per_run: float, echo) -> BaseException | None:
     """Train ``runs``, ``jobs`` at a time, and set each one's ``exit_code``; the exception that
     stopped the sweep (Ctrl-C, SIGTERM: the trainings were stopped first), or None."""
     if not runs:
@@ -330,7 +330,7 @@ def default_out(task: str) -> Path:
     return Path("runs") / f"sweep-{task}"
 
 
-def _train_argv(task: str, preset: str | None, run: _Run) -> list[str]:
+def _train_argv(task: str, preset: str | None, run: _SeedRun) -> list[str]:
     """``run``'s ``ntm train`` command, after ``python``: resumed, or new into its folder."""
     run_dir = str(run.run_dir.absolute())  # a Ray worker's current directory may be another
     if run.state == "resume":
