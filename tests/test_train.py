@@ -402,27 +402,36 @@ def test_training_on_cuda_reduces_the_loss_and_resumes(tmp_path, engine):
     assert load_checkpoint(tmp_path / "run").model().memory_size == 16  # loads on the CPU
 
 
+def _script_validations(monkeypatch, errors_at):
+    """Validations score what ``errors_at(copy length of the set)`` says, wrong bits per
+    sequence (the training distribution's sets have length <= 2 in these tests)."""
+    import torch_ntm.train as module
+
+    def scripted(model, batches):
+        errors = errors_at(int(batches[0][0].mask.sum(0).max()))  # answer steps: the length
+        return {"cost_bits": 1.0, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", scripted)
+
+
 def test_stopping_needs_the_generalisation_sizes_clean_and_they_are_logged(tmp_path,
                                                                           monkeypatch):
     """Validations at eval_sizes run only once the training distribution has no wrong bit, and
     the run stops when patience_evals validations were clean there too: one with a wrong bit only
     at an eval_size does not count, one with a wrong bit in the training distribution starts the
     count again."""
-    import torch_ntm.train as module
 
     calls = []
     # (training distribution, length 5, length 9) wrong bits per validation; None: not run.
     script = [(2.0, None, None), (0.0, 3.0, 7.0), (0.0, 0.0, 0.0), (0.5, None, None),
               (0.0, 0.0, 1.0), (0.0, 0.0, 0.0), (0.0, 2.0, 0.0), (0.0, 0.0, 0.0), (0.0, 0.0, 0.0)]
 
-    def scripted(model, batches):
-        length = int(batches[0][0].mask.sum(0).max())  # answer steps: the copy length
+    def errors_at(length):
         kind = "train" if length <= 2 else length
         calls.append(kind)
-        errors = script[calls.count("train") - 1][{"train": 0, 5: 1, 9: 2}[kind]]
-        return {"cost_bits": 1.0, "bit_errors": errors, "perfect": float(errors == 0)}
+        return script[calls.count("train") - 1][{"train": 0, 5: 1, 9: 2}[kind]]
 
-    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    _script_validations(monkeypatch, errors_at)
     config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "eval_sizes=5,9",
                                                "stop_bit_errors=0", "patience_evals=2",
                                                "rollback_bit_errors=-1", "max_sequences=40"])
@@ -441,14 +450,7 @@ def test_stop_bit_errors_holds_at_each_generalisation_size_not_for_their_sum(tmp
                                                                             monkeypatch):
     """stop_bit_errors is per sequence at every eval_size: two sizes at 0.4 meet 0.5 (their
     sum, which ranks validations, would not)."""
-    import torch_ntm.train as module
-
-    def scripted(model, batches):
-        length = int(batches[0][0].mask.sum(0).max())  # answer steps: the copy length
-        errors = 0.0 if length <= 2 else 0.4
-        return {"cost_bits": 1.0, "bit_errors": errors, "perfect": float(errors == 0)}
-
-    monkeypatch.setattr(module, "evaluate_batches", scripted)
+    _script_validations(monkeypatch, lambda length: 0.0 if length <= 2 else 0.4)
     config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "eval_sizes=5,9",
                                                "stop_bit_errors=0.5", "patience_evals=1",
                                                "rollback_bit_errors=-1", "max_sequences=40"])
