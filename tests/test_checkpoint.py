@@ -90,7 +90,7 @@ def test_the_run_keeps_its_best_validation_and_resumes_with_it(tmp_path, monkeyp
     train(tiny_config("max_sequences=48", "eval_every=1", "batch_size=16", "eval_sizes=",
                       "rollback_bit_errors=-1"), tmp_path / "run", progress=False)
     ckpt = load_checkpoint(tmp_path / "run")
-    assert ckpt.best()[2]["bit_errors"] == 1.0 and ckpt.metrics["bit_errors"] == 4.0
+    assert ckpt.best().metrics["bit_errors"] == 1.0 and ckpt.metrics["bit_errors"] == 4.0
     for key, value in ckpt.model().state_dict().items():  # the best (2nd validation) ...
         assert torch.equal(value, seen[1][key]), key
     for key, value in ckpt.model(latest=True).state_dict().items():  # ... and the latest
@@ -99,7 +99,7 @@ def test_the_run_keeps_its_best_validation_and_resumes_with_it(tmp_path, monkeyp
     train(tiny_config("max_sequences=96", "eval_every=1", "batch_size=16", "eval_sizes=",
                       "rollback_bit_errors=-1"), tmp_path / "run", resume=True, progress=False)
     ckpt = load_checkpoint(tmp_path / "run")
-    assert ckpt.best()[2]["bit_errors"] == 0.0
+    assert ckpt.best().metrics["bit_errors"] == 0.0
     for key, value in ckpt.model().state_dict().items():
         assert torch.equal(value, seen[4][key]), key
     assert [p.name for p in (tmp_path / "run").glob("best-*")] == ["best-00000006.safetensors"]

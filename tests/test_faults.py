@@ -499,7 +499,7 @@ def assert_same_run(a: Path, b: Path) -> None:
     assert first.step == second.step
     for key, value in first.state_dict.items():
         assert torch.equal(value, second.state_dict[key]), key
-    assert first.metrics == second.metrics and first.best()[2] == second.best()[2]
+    assert first.metrics == second.metrics and first.best().metrics == second.best().metrics
 
 
 def logged_step(out: Path) -> int:

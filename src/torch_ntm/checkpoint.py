@@ -31,6 +31,7 @@ import stat
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from safetensors.torch import load as st_load
@@ -43,6 +44,7 @@ from torch_ntm.factories import build_model, build_task, model_config
 __all__ = [
     "CheckpointError",
     "Checkpoint",
+    "KeptWeights",
     "save_checkpoint",
     "load_checkpoint",
     "find_checkpoint",
@@ -64,6 +66,14 @@ _FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
 # Temporary files of `_atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
 _TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state|best)-[0-9]+"
                         r"\.safetensors)\.[A-Za-z0-9_]+\.tmp")
+
+
+class KeptWeights(NamedTuple):
+    """A run's best validation: what it keeps and rolls back to."""
+
+    weights: dict  # parameter name -> tensor
+    optimizer: dict | None  # the optimizer's state_dict at those weights (None: not recorded)
+    metrics: dict  # the validation's
 
 
 class CheckpointError(Exception):
@@ -144,15 +154,15 @@ def save_checkpoint(
     elapsed_s: float = 0.0,
     metrics: dict | None = None,
     extra: dict | None = None,
-    best: tuple[dict, dict | None, dict] | None = None,
+    best: KeptWeights | None = None,
     averaged: dict | None = None,
 ) -> Path:
     """Write a checkpoint into ``run_dir`` atomically; returns the path of its JSON file.
 
-    ``best`` is the run's best validation so far, ``(weights, optimizer state_dict or None,
-    metrics)``: saved beside the latest state, it is the model the run keeps (`Checkpoint.model`)
-    and what a resumed run's rollback returns to. ``averaged`` (parameter name -> tensor), the
-    running average of the weights (``ema_decay``), is saved with the training state."""
+    ``best`` is the run's best validation so far (`KeptWeights`): saved beside the latest
+    state, it is the model the run keeps (`Checkpoint.model`) and what a resumed run's rollback
+    returns to. ``averaged`` (parameter name -> tensor), the running average of the weights
+    (``ema_decay``), is saved with the training state."""
     run_dir = Path(run_dir)
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
@@ -183,7 +193,7 @@ def save_checkpoint(
         record["train_state"] = state_name
         record["train_state_sha256"] = _sha256(run_dir / state_name)
     if best is not None:
-        weights, optimizer_state, best_metrics = best
+        weights, optimizer_state, best_metrics = best.weights, best.optimizer, best.metrics
         tensors = {f"model.{k}": v for k, v in weights.items()}
         meta = None
         if optimizer_state is not None:
@@ -361,7 +371,7 @@ class Checkpoint:
         """The weights the run keeps: its best validation's where it recorded one, else its
         latest (what `model` and ``ntm evaluate`` use)."""
         best = self.best()
-        return self.state_dict if best is None else best[0]
+        return self.state_dict if best is None else best.weights
 
     @property
     def best_metrics(self) -> dict | None:
@@ -369,9 +379,9 @@ class Checkpoint:
         weights loaded), or None where `best` is None."""
         return self._record.get("best_metrics", {}) if "best" in self._record else None
 
-    def best(self) -> tuple[dict, dict | None, dict] | None:
-        """The best validation the run recorded, ``(weights, optimizer state_dict or None,
-        metrics)``, or None (checkpoints of older versions, shipped models)."""
+    def best(self) -> KeptWeights | None:
+        """The best validation the run recorded, or None (checkpoints of older versions,
+        shipped models)."""
         rec = self._record
         if "best" not in rec:
             return None
@@ -383,7 +393,7 @@ class Checkpoint:
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise CheckpointError(f"{self.path}: invalid checkpoint record (best_optimizer: "
                                   f"{e})") from None
-        return weights, optimizer, self.best_metrics
+        return KeptWeights(weights, optimizer, self.best_metrics)
 
     def load_weights_into(self, model: nn.Module, state_dict: dict | None = None) -> None:
         """Load the latest weights (or ``state_dict``) into ``model``."""

@@ -25,6 +25,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from torch_ntm.checkpoint import (
     CheckpointError,
+    KeptWeights,
     load_checkpoint,
     lock_run,
     save_checkpoint,
@@ -232,12 +233,12 @@ class _Best(BestWeights):
         super().restore()
         return dict(self.metrics)
 
-    def saved(self) -> tuple[dict, dict | None, dict] | None:
+    def saved(self) -> KeptWeights | None:
         """What `save_checkpoint` keeps of it (None before the first validation)."""
         state = self.state_dict()
         if state["weights"] is None:
             return None
-        return state["weights"], state["optimizer"], self.metrics
+        return KeptWeights(state["weights"], state["optimizer"], self.metrics)
 
 
 def _progress(total: int, initial: int, enabled: bool | None):
@@ -386,9 +387,9 @@ class _Run:
             self._restore_average(ckpt)
         kept = ckpt.best()
         if kept is not None:  # the run's best so far, saved beside its latest state
-            weights, optimizer_state, self.best.metrics = kept
-            self.best.load_state_dict({"score": _score(self.best.metrics), "weights": weights,
-                                       "optimizer": optimizer_state})
+            self.best.metrics = kept.metrics
+            self.best.load_state_dict({"score": _score(kept.metrics), "weights": kept.weights,
+                                       "optimizer": kept.optimizer})
         elif self.state.metrics:
             self.best.offer(self.state.metrics)
 

@@ -116,4 +116,4 @@ def export(run_dir: str | os.PathLike, name: str,
     best = ckpt.best()  # the run's model is its best validation's, where it recorded one
     return save_checkpoint(_root(dest) / name, ckpt.config, ckpt.model(), step=ckpt.step,
                            sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
-                           metrics=ckpt.metrics if best is None else best[2])
+                           metrics=ckpt.metrics if best is None else best.metrics)
