@@ -248,10 +248,6 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     return 0
 
 
-# Keys that do not change the model or the data, so a run may be resumed with new values; a new
-# lr replaces the optimizer's current rate (to fine-tune a run at a lower one), milestones not
-# yet passed apply from the resumed step on, and an ema_decay given to a run without one starts
-# the average from the resumed weights.
 def _print_generalisation(ckpt) -> None:
     """The final table of `ntm train`: the kept weights of the run ``ckpt`` at the task's
     generalisation sizes (a label task: accuracy by instance on held-out episodes)."""

@@ -22,8 +22,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
     "resolve_device", "check_memory_size", "default_preset", "check_resume", "MODELS",
-    "OPTIMIZERS",
-    "RESUMABLE",
+    "OPTIMIZERS", "RESUMABLE",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
@@ -490,8 +489,10 @@ def default_preset(task: str) -> str:
     return _DEFAULT_PRESETS.get(task, "ntm-lstm")
 
 
-# What a resumed run may change: its budget, its bookkeeping and where it runs, and the rate
-# and weight averaging (the optimizer and average carry over); the rest makes another run.
+# Keys that do not change the model or the data, so a run may be resumed with new values; a new
+# lr replaces the optimizer's current rate (to fine-tune a run at a lower one), milestones not
+# yet passed apply from the resumed step on, and an ema_decay given to a run without one starts
+# the average from the resumed weights.
 RESUMABLE = frozenset({"max_sequences", "max_seconds", "eval_every", "log_every",
                        "stop_bit_errors", "patience_evals", "threads", "device", "lr",
                        "lr_milestones", "ema_decay"})
