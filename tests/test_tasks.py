@@ -11,6 +11,7 @@ import math
 import pytest
 import torch
 
+from torch_ntm.evaluate import EVAL_SEED, evaluate_sizes
 from torch_ntm.tasks import (
     TASKS,
     AssociativeRecallTask,
@@ -457,6 +458,74 @@ def test_priority_sort_with_size_scales_outputs():
     task = PrioritySortTask()
     assert [task.with_size(n).num_outputs for n in (20, 25, 30, 40, 2, 1)] == [16, 20, 24, 32, 2, 1]
     assert PrioritySortTask(num_inputs=4, num_outputs=2).with_size(3).num_outputs == 2  # 1.5 up
+
+
+def _nearest_gaps(priority):
+    """``[n, B]`` priorities -> ``[n, B]`` distance from each to its nearest other."""
+    diff = (priority.unsqueeze(0) - priority.unsqueeze(1)).abs()  # (n, n, B)
+    diff += torch.eye(priority.shape[0]).unsqueeze(-1) * 10
+    return diff.min(1).values
+
+
+def test_priority_sort_close_pairs_put_priorities_next_to_others():
+    task = PrioritySortTask(close_pairs=4)
+    inputs, targets, mask = task.sample(2000, _gen(5))
+    priority = inputs[:20, :, 8]
+    assert priority.min() >= -1 and priority.max() <= 1
+    gaps = _nearest_gaps(priority.double())
+    low, high = PrioritySortTask.CLOSE_GAPS
+    # every sequence has at least 4 inputs within 1e-2 of another; and inputs within 1e-3 of
+    # another, rare in the paper's task (~0.4 per sequence), are ~4 per sequence: the 2 moved
+    # there on average, and their sources
+    assert ((gaps <= high * (1 + 1e-4)).sum(0) >= 4).all()
+    plain = _nearest_gaps(PrioritySortTask().sample(2000, _gen(5)).inputs[:20, :, 8].double())
+    assert (plain < 1e-3).sum(0).double().mean() < 0.5
+    assert (gaps < 1e-3).sum(0).double().mean() > 3.5
+    # the offsets are log-uniform on [1e-4, 1e-2]: each is under 1e-3 with probability 1/2, so
+    # a sequence's smallest gap is with 1 - 1/2^4 = 0.94 (a little more with the natural ones),
+    # and under 1e-4 about as rarely as in the paper's task (2%)
+    smallest = gaps.min(0).values
+    assert (smallest < 1e-3).double().mean() == pytest.approx(0.94, abs=0.02)
+    assert (smallest < low * 0.999).double().mean() < 0.04
+    # and the targets are still the inputs sorted by priority
+    expected = _expected_priority_sort(task, Batch(inputs, targets, mask))
+    for got, want in zip((inputs, targets, mask), expected):
+        assert torch.equal(got, want)
+
+
+def test_priority_sort_close_pairs_are_training_only():
+    task = PrioritySortTask(close_pairs=3)
+    assert task.held_out() == PrioritySortTask()
+    assert PrioritySortTask().held_out() is not None
+    # kept (at most half the inputs) at other sizes, as a curriculum needs
+    assert task.with_size(30).close_pairs == 3 and task.with_size(4).close_pairs == 2
+    # generalisation tables draw from the held-out task: the plain task's sequences
+
+    class Recorder(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.bias, self.seen = torch.nn.Parameter(torch.zeros(8)), []
+
+        def forward(self, x):
+            self.seen.append(x)
+            return self.bias.expand(*x.shape[:2], 8), None
+
+    with_pairs, plain = Recorder(), Recorder()
+    evaluate_sizes(with_pairs, task, [20, 25], num_sequences=20)
+    evaluate_sizes(plain, PrioritySortTask(), [20, 25], num_sequences=20)
+    assert len(with_pairs.seen) == 2
+    assert all(torch.equal(a, b) for a, b in zip(with_pairs.seen, plain.seen, strict=True))
+    assert not torch.equal(with_pairs.seen[0], task.sample(20, _gen(EVAL_SEED)).inputs)
+
+
+@pytest.mark.parametrize("params, message", [
+    ({"close_pairs": -1}, "close_pairs"),
+    ({"close_pairs": 11}, "close_pairs <= 10"),
+    ({"num_inputs": 5, "num_outputs": 2, "close_pairs": 3}, "close_pairs <= 2"),
+])
+def test_priority_sort_close_pairs_checked(params, message):
+    with pytest.raises(ValueError, match=message):
+        PrioritySortTask(**params)
 
 
 # ---------------------------------------------------------------- n-grams

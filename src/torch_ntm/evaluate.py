@@ -88,10 +88,12 @@ def fixed_batches(task, num_sequences: int, batch_size: int, seed: int = EVAL_SE
 
 def evaluate_sizes(model: nn.Module, task, sizes, num_sequences: int = 100,
                    batch_size: int = 50, seed: int = EVAL_SEED) -> list[dict]:
-    """Evaluate at each task size (e.g. copy lengths); one row per size."""
+    """Evaluate at each task size (e.g. copy lengths) on the task's held-out data
+    (`Task.held_out`); one row per size."""
     rows = []
+    held_out = task.held_out()
     for size in sizes:
-        sized = task.with_size(int(size))
+        sized = held_out.with_size(int(size))
         row = evaluate_batches(model, fixed_batches(sized, num_sequences, batch_size, seed))
         rows.append({task.size_name: int(size), **row})
     return rows

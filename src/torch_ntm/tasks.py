@@ -456,19 +456,34 @@ class PrioritySortTask(Task):
     All sequences of a batch have the same length. The size knob is ``num_inputs``: `with_size`
     scales ``num_outputs`` in proportion, ``round(size * num_outputs / num_inputs)`` (halves up,
     at least 1), so the default 16 of 20 becomes 24 of 30.
+
+    ``close_pairs`` (training only; default 0, the paper's task) makes near-ties common: in each
+    training sequence that many inputs, chosen at random, take the priority of another input
+    (each its own, also chosen at random) plus an offset drawn log-uniformly from
+    ``CLOSE_GAPS`` = [1e-4, 1e-2] with a random sign (the other sign where that would leave
+    [-1, 1]). Under U[-1, 1] two priorities closer than 0.001 are rare (16% of sequences of 20
+    have such a pair), and they are where a trained model errs. Validation and evaluation draw
+    from `held_out`, the task without them.
     """
 
     width: int = 8
     num_inputs: int = 20
     num_outputs: int = 16
+    close_pairs: int = 0
 
     name: ClassVar[str] = "priority_sort"
     size_name: ClassVar[str] = "inputs"
     eval_sizes: ClassVar[tuple[int, ...]] = (20, 25, 30, 40)
 
+    CLOSE_GAPS: ClassVar[tuple[float, float]] = (1e-4, 1e-2)
+
     def __post_init__(self) -> None:
-        self._check(width=1, num_inputs=1, num_outputs=1)
+        self._check(width=1, num_inputs=1, num_outputs=1, close_pairs=0)
         self._check_range("num_outputs", "num_inputs")
+        if 2 * self.close_pairs > self.num_inputs:
+            raise ValueError(f"PrioritySortTask.close_pairs={self.close_pairs} needs "
+                             f"2 x {self.close_pairs} inputs, more than num_inputs="
+                             f"{self.num_inputs}; set close_pairs <= {self.num_inputs // 2}")
 
     @property
     def input_size(self) -> int:
@@ -485,12 +500,20 @@ class PrioritySortTask(Task):
     def with_size(self, size: int) -> PrioritySortTask:
         _check_int("size", size, 1)
         outputs = math.floor(size * self.num_outputs / self.num_inputs + 0.5)
-        return dataclasses.replace(self, num_inputs=size, num_outputs=min(size, max(1, outputs)))
+        close = min(self.close_pairs, size // 2)
+        return dataclasses.replace(self, num_inputs=size, num_outputs=min(size, max(1, outputs)),
+                                   close_pairs=close)
+
+    def held_out(self) -> PrioritySortTask:
+        """The paper's task: this one without ``close_pairs``."""
+        return dataclasses.replace(self, close_pairs=0) if self.close_pairs else self
 
     def _sample(self, batch_size: int, generator: torch.Generator | None) -> Batch:
         W, B, n, m = self.width, batch_size, self.num_inputs, self.num_outputs
         bits = _random_bits((n, B, W), generator)  # (n, B, W)
         priority = torch.rand(n, B, generator=generator) * 2.0 - 1.0  # U[-1, 1), (n, B)
+        if self.close_pairs:
+            priority = self._close_pairs(priority, generator)
         T = n + 1 + m
         inputs = torch.zeros(T, B, W + 2)
         inputs[:n, :, :W] = bits
@@ -502,6 +525,18 @@ class PrioritySortTask(Task):
         mask = torch.zeros(T, B, dtype=torch.bool)
         mask[n + 1 :] = True
         return Batch(inputs, targets, mask)
+
+    def _close_pairs(self, priority: Tensor, generator: torch.Generator | None) -> Tensor:
+        """``priority`` ``[n, B]`` with ``close_pairs`` inputs per sequence moved next to others."""
+        k, B = self.close_pairs, priority.shape[1]
+        order = torch.rand(priority.shape, generator=generator).argsort(dim=0)  # a shuffle each
+        moved, source = order[:k], order[k : 2 * k]  # (k, B), disjoint
+        low, high = (math.log(g) for g in self.CLOSE_GAPS)
+        gap = (torch.rand(k, B, generator=generator) * (high - low) + low).exp()
+        sign = torch.randint(0, 2, (k, B), generator=generator) * 2.0 - 1.0
+        near = priority.gather(0, source)
+        sign = torch.where((near + sign * gap).abs() > 1.0, -sign, sign)
+        return priority.scatter(0, moved, near + sign * gap)
 
 
 # The paper's five tasks, then Omniglot episodes (Santoro et al. 2016; `torch_ntm.omniglot`).

@@ -358,8 +358,9 @@ class _Run:
         self.val_batches = validation_batches(config, self.task)
         # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the
         # model on other sequences than those that chose when to stop and which weights to keep.
+        held_out = self.task.held_out()
         self.general_batches = {
-            size: fixed_batches(self.task.with_size(size), config.eval_size_sequences, 50,
+            size: fixed_batches(held_out.with_size(size), config.eval_size_sequences, 50,
                                 seed=GENERAL_SEED) for size in config.eval_sizes}
         # The same weights with eval_memory_size rows (no parameter depends on the rows).
         self.general_model = self.model
