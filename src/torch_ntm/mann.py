@@ -33,7 +33,7 @@ from torch_ntm import functional as ntmf
 from torch_ntm.model import (
     MEMORY_INIT_CONSTANT,
     LSTMController,
-    _check_cell_input,
+    _cell_step,
     _choice,
     _positive_int,
 )
@@ -273,13 +273,7 @@ class MANNCell(_MANNBase):
         Returns:
             ``(logits [B, output_size], state)``.
         """
-        _check_cell_input(self, x)
-        self._check_dtype(x)
-        if state is None:
-            state = self.initial_state(x.shape[0], x.device, x.dtype)
-        else:
-            self._check_state(state, x.shape[0], x)
-        return self._step(x, state)
+        return _cell_step(self, x, state)
 
 
 class MANN(_MANNBase):

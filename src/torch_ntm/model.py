@@ -420,9 +420,22 @@ def _where_batch(mask: Tensor, new, old, dim: int):
     return torch.where(mask.view(shape), new, old)
 
 
+def _cell_step(cell: nn.Module, x: object, state):
+    """A cell's forward (`NTMCell`, `torch_ntm.MANNCell`): one step from ``state`` (None: the
+    initial state), after a clear error unless ``x`` is one step's input ``[batch,
+    cell.input_size]`` in the parameters' dtype and ``state`` fits it."""
+    _check_cell_input(cell, x)
+    cell._check_dtype(x)
+    if state is None:
+        state = cell.initial_state(x.shape[0], x.device, x.dtype)
+    else:
+        cell._check_state(state, x.shape[0], x)
+    return cell._step(x, state)
+
+
 def _check_cell_input(cell: nn.Module, x: object) -> None:
-    """Raise a clear error unless ``x`` is one step's input ``[batch, cell.input_size]``
-    (`NTMCell`, `torch_ntm.MANNCell`; a sequence belongs to the module without "Cell")."""
+    """Raise a clear error unless ``x`` is a tensor ``[batch, cell.input_size]`` (a sequence
+    belongs to the module without "Cell")."""
     name = type(cell).__name__
     shape = f"[batch, {cell.input_size}]"
     if not isinstance(x, Tensor):
@@ -455,13 +468,7 @@ class NTMCell(_NTMBase):
         Returns:
             ``(logits [B, output_size], state)``.
         """
-        _check_cell_input(self, x)
-        self._check_dtype(x)
-        if state is None:
-            state = self.initial_state(x.shape[0], x.device, x.dtype)
-        else:
-            self._check_state(state, x.shape[0], x)
-        return self._step(x, state)
+        return _cell_step(self, x, state)
 
 
 class NTM(_NTMBase):
