@@ -523,3 +523,18 @@ def test_a_curriculum_raises_the_training_size_when_the_training_rows_meet_it(
     rows = [r["split"] for r in read_metrics(tmp_path / "run" / "metrics.csv")]
     assert [s for s in rows if s.startswith("curriculum")] == [
         f"curriculum@{n}" for n in sorted(set(expected[1:]) - {start})]
+
+
+def test_priority_sort_close_pairs_train_but_validate_on_the_papers_task():
+    from torch_ntm.evaluate import fixed_batches
+    from torch_ntm.tasks import PrioritySortTask
+    from torch_ntm.train import HELD_OUT_SEED, validation_batches
+
+    config = resolve_config("priority_sort", None, ["task.close_pairs=3", "eval_sequences=40"])
+    assert config.task_params == PrioritySortTask(close_pairs=3)
+    batches = validation_batches(config, config.task_params)
+    expected = fixed_batches(PrioritySortTask(), 40, max(config.batch_size, 64), HELD_OUT_SEED)
+    assert len(batches) == len(expected)
+    for (got, task), (want, _) in zip(batches, expected):
+        assert task == PrioritySortTask()
+        assert all(torch.equal(a, b) for a, b in zip(got, want))
