@@ -25,7 +25,7 @@ def main() -> None:
     ckpt, model = _analysis.load(args.run, "priority_sort")
     dtype = torch.float64 if args.float64 else torch.float32
     model.to(dtype)
-    task = ckpt.task().with_size(args.inputs)
+    task = ckpt.task().held_out().with_size(args.inputs)  # the paper's task (no close_pairs)
     n, m, W = task.num_inputs, task.num_outputs, task.width
     batch = task.sample(args.sequences, torch.Generator().manual_seed(777))
     with torch.no_grad():

@@ -232,8 +232,9 @@ def plot_accuracy(accuracy: dict[int, float], episodes: int, path: Path) -> Path
 def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
              size: int | None = None, memory_size: int | None = None, seed: int = 0,
              episodes: int = HELD_OUT_EPISODES) -> list[Path]:
-    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``);
-    a label task's accuracy figure scores ``episodes`` held-out episodes."""
+    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``):
+    one example sequence (drawn with ``seed`` from the task's held-out data, `Task.held_out`, as
+    evaluation's are), and a label task's accuracy figure scores ``episodes`` held-out episodes."""
     from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
     from torch_ntm.evaluate import (
         EVAL_SEED,
@@ -250,7 +251,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     overrides = {} if memory_size is None else {"memory_size": memory_size}
     model = ckpt.model(**overrides).eval()
     task = ckpt.task()
-    example_task = task.with_size(size or task.train_size)
+    example_task = task.held_out().with_size(size or task.train_size)  # as evaluation draws
     batch = example_task.sample(1, generator=torch.Generator().manual_seed(seed))
     paths = []
     if isinstance(model, NTM):
