@@ -193,16 +193,15 @@ def save_checkpoint(
         record["train_state"] = state_name
         record["train_state_sha256"] = _sha256(run_dir / state_name)
     if best is not None:
-        weights, optimizer_state, best_metrics = best.weights, best.optimizer, best.metrics
-        tensors = {f"model.{k}": v for k, v in weights.items()}
+        tensors = {f"model.{k}": v for k, v in best.weights.items()}
         meta = None
-        if optimizer_state is not None:
-            optim_tensors, meta = _optimizer_split(optimizer_state)
+        if best.optimizer is not None:
+            optim_tensors, meta = _optimizer_split(best.optimizer)
             tensors.update(optim_tensors)
         best_name = f"best-{step:08d}.safetensors"
         _atomic_write(run_dir / best_name, st_save(_cpu_contiguous(tensors)))
         record.update(best=best_name, best_sha256=_sha256(run_dir / best_name),
-                      best_optimizer=meta, best_metrics=dict(best_metrics))
+                      best_optimizer=meta, best_metrics=dict(best.metrics))
     _atomic_write(json_path, json.dumps(record, indent=2).encode())
     _remove_superseded(run_dir, {record["weights"], record.get("train_state"), record.get("best")})
     return json_path

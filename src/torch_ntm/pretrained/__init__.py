@@ -113,7 +113,7 @@ def export(run_dir: str | os.PathLike, name: str,
     if dest is not None and Path(dest).exists() and not Path(dest).is_dir():
         raise ConfigError(f"--dest {dest}: exists and is not a directory")
     ckpt = load_checkpoint(run_dir)
-    best = ckpt.best()  # the run's model is its best validation's, where it recorded one
+    best = ckpt.best_metrics  # the run's model is its best validation's, where it recorded one
     return save_checkpoint(_root(dest) / name, ckpt.config, ckpt.model(), step=ckpt.step,
                            sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
-                           metrics=ckpt.metrics if best is None else best.metrics)
+                           metrics=ckpt.metrics if best is None else best)
