@@ -5,9 +5,11 @@
 Draws 100 sequences of length ``--length`` for each R in ``--repeats`` (seed 123, never a
 validation's), runs the run's kept weights, and prints the wrong data bits of each copy (mean
 over the sequences) and the copy in which the end marker is first raised (median; the model
-should raise it after copy R, on the step after the last one). A model that keeps copying and
-only misplaces the marker (the paper's, at 20 repeats) has few wrong data bits; one that raises
-the marker early and then outputs noise has about half the bits of the copies after it wrong.
+should raise it after copy R, on the step after the last one), and on a second line the read
+heads' focus in each copy (the largest weight of a read weighting, mean over its steps, heads and
+sequences: 1 on one row, 1/N spread over all N). A model that keeps copying and only misplaces
+the marker (the paper's, at 20 repeats) has few wrong data bits; one that raises the marker
+early and then outputs noise has about half the bits of the copies after it wrong.
 """
 
 import statistics
@@ -28,11 +30,12 @@ def main() -> None:
         task = trained.with_size(L).with_repeats(R)
         batch = task.sample(args.sequences, torch.Generator().manual_seed(123))
         with torch.no_grad():
-            logits, _ = model(batch.inputs)
+            logits, _, trace = model.trace(batch.inputs)
         first = L + 2  # the first answer step (see RepeatCopyTask's layout)
         answer = slice(first, first + R * L)
         wrong = (logits[answer, :, :W] > 0).float() != batch.targets[answer, :, :W]
         per_copy = wrong.float().reshape(R, L, -1, W).sum((1, 3)).mean(1)  # (R,)
+        focus = trace.read_weights[answer].amax(-1).reshape(R, -1).mean(1)  # (R,)
         raised = logits[first:first + R * L + 1, :, W] > 0  # (R L + 1, B)
         copy_of_end = [int(col.nonzero()[0]) / L if col.any() else float("inf")
                        for col in raised.T]
@@ -40,6 +43,7 @@ def main() -> None:
               + " ".join(f"{v:.2f}" for v in per_copy.tolist())
               + f"; end marker first raised after copy {statistics.median(copy_of_end):g}"
               + f" (median of {args.sequences}; right: {R})")
+        print("  read focus per copy " + " ".join(f"{v:.2f}" for v in focus.tolist()))
 
 
 if __name__ == "__main__":

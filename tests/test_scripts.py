@@ -11,6 +11,9 @@ import pytest
 import torch
 
 from torch_ntm import pretrained
+from torch_ntm.checkpoint import save_checkpoint
+from torch_ntm.config import resolve_config
+from torch_ntm.factories import build_model, build_task
 from torch_ntm.metrics import bit_errors
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
@@ -28,7 +31,7 @@ def _run(script: str, *args: str) -> str:
 
 
 @pytest.mark.parametrize("script", ["sort_precision.py", "repeat_copy_loops.py",
-                                    "recall_errors.py"])
+                                    "repeat_copy_count.py", "recall_errors.py"])
 @pytest.mark.parametrize(("run", "message"), [
     ("no-such-run", "no such checkpoint"),
     (str(pretrained.path("copy")), "is a 'copy' run; this script reads"),
@@ -63,11 +66,42 @@ def test_repeat_copy_loops_prints_every_copy():
     out = _run("repeat_copy_loops.py", str(pretrained.path("repeat_copy")), "--repeats", "3,12",
                "--sequences", "8")
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines] == ["L = 10, R = 3", "L = 10, R = 12"]
-    for line, repeats in zip(lines, (3, 12)):
+    assert [line.split(":")[0] for line in lines[::2]] == ["L = 10, R = 3", "L = 10, R = 12"]
+    for line, focus_line, repeats in zip(lines[::2], lines[1::2], (3, 12)):
         per_copy = line.split("per copy ")[1].split(";")[0].split()
         assert len(per_copy) == repeats
         assert all(0 <= float(v) <= 80 for v in per_copy)  # at most every bit of a copy (10 x 8)
+        focus = focus_line.split("read focus per copy ")[1].split()
+        assert len(focus) == repeats
+        assert all(1 / 128 <= float(v) <= 1 for v in focus)  # a weighting's largest of 128 rows
+    assert float(lines[1].split()[-1]) > 0.9  # the shipped model reads one row at a time at R = 3
+
+
+def test_repeat_copy_count_reads_the_cells_the_count_moves(shipped):
+    out = _run("repeat_copy_count.py", str(pretrained.path("repeat_copy")), "--max-repeats", "14",
+               "--units", "3")
+    rows = re.findall(r"^cell (\d+): ([-\d. ]+); extrapolates (-?[\d.]+)$", out, re.M)
+    assert len(rows) == 3
+    # the first cell's values are the library's: cell state after the count, R = 1..14
+    model, task = shipped("repeat_copy")
+    prefix = task.with_size(10).sample(1, torch.Generator().manual_seed(123)).inputs[:12]
+    x = prefix.repeat(1, 14, 1)
+    x[11, :, task.width + 1] = torch.arange(1, 15) / task.repeats_norm
+    with torch.no_grad():
+        _, state = model(x)
+    cells = state.controller[1].transpose(0, 1).reshape(14, -1)
+    unit, values, ratio = int(rows[0][0]), [float(v) for v in rows[0][1].split()], rows[0][2]
+    assert values == pytest.approx(cells[:, unit].tolist(), abs=0.006)
+    assert (cells[9] - cells[0]).abs().argmax() == unit  # the cell the count moves most
+    within, beyond = (values[9] - values[0]) / 9, (values[13] - values[9]) / 4
+    assert float(ratio) == pytest.approx(beyond / within, abs=0.05)
+
+
+def test_repeat_copy_count_refuses_a_feedforward_controller(tmp_path):
+    config = resolve_config("repeat_copy", "ntm-ff")
+    save_checkpoint(tmp_path, config, build_model(config, build_task(config)), step=0)
+    result = _call("repeat_copy_count.py", str(tmp_path))
+    assert result.returncode != 0 and "no LSTM controller" in result.stderr
 
 
 def test_recall_errors_counts_the_sequences():
