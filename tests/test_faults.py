@@ -162,6 +162,15 @@ def test_hand_edited_records_are_one_line(run, capsys, changes, message):
     assert "invalid checkpoint record" in err and message in err
 
 
+@pytest.mark.parametrize("running", [[1.0, 2.0], 3.0])
+def test_a_hand_edited_running_sum_stops_a_resume_in_one_line(run, capsys, running):
+    extra = json.loads((run / "checkpoint.json").read_text())["extra"]
+    edit_record(run, extra={**extra, "running": running})
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--set",
+                                  "max_sequences=8"])
+    assert "invalid checkpoint record (running" in err
+
+
 def test_deeply_nested_json_is_one_line(run, capsys):
     (run / "checkpoint.json").write_text("[" * 200_000 + "]" * 200_000)
     err = one_line_error(capsys, ["evaluate", str(run)])

@@ -18,6 +18,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import NamedTuple
 
 import torch
 from torch import nn
@@ -285,6 +286,33 @@ def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
     ckpt.load_weights_into(model, ckpt.kept_weights())
 
 
+class _Running(NamedTuple):
+    """The training batches since the last "train" row: summed cost in bits, wrong bits, and
+    sequences (a checkpoint keeps it as a list)."""
+
+    cost_bits: float
+    bit_errors: float
+    sequences: float
+
+    @classmethod
+    def none(cls) -> _Running:
+        """No batches yet."""
+        return cls(0.0, 0.0, 0.0)
+
+    @classmethod
+    def from_record(cls, saved: object, path: object) -> _Running:
+        """The sums a checkpoint at ``path`` kept as a list (`CheckpointError` if not three;
+        `load_checkpoint` has checked that its ``extra`` holds only numbers and lists of them)."""
+        if not (isinstance(saved, list) and len(saved) == 3):
+            raise CheckpointError(f"{path}: invalid checkpoint record (running must be a list "
+                                  f"of 3 numbers, got {saved!r})")
+        return cls(*saved)
+
+    def plus(self, cost_bits: float, bit_errors: float, sequences: float) -> _Running:
+        return _Running(self.cost_bits + cost_bits, self.bit_errors + bit_errors,
+                        self.sequences + sequences)
+
+
 @dataclass
 class _State:
     """What changes while a run trains. A checkpoint keeps all of it (the counters in its record,
@@ -301,8 +329,7 @@ class _State:
     # The curriculum's largest size now (config.curriculum_start, then up); 0 once it reaches
     # the task's own sizes, or without one.
     curriculum_size: int = 0
-    # Cost bits, wrong bits and sequences of the training batches since the last "train" row.
-    running: list[float] = field(default_factory=lambda: [0.0, 0.0, 0.0])
+    running: _Running = field(default_factory=_Running.none)
 
     EXTRA = ("nan_steps", "streak", "lr_decayed", "rollbacks", "curriculum_size", "running")
 
@@ -312,6 +339,8 @@ class _State:
     @classmethod
     def from_checkpoint(cls, ckpt) -> "_State":
         saved = {key: ckpt.extra[key] for key in cls.EXTRA if key in ckpt.extra}
+        if "running" in saved:
+            saved["running"] = _Running.from_record(saved["running"], ckpt.path)
         return cls(step=ckpt.step, sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
                    metrics=ckpt.metrics, **saved)
 
@@ -469,17 +498,18 @@ class _Run:
             if passed < milestone <= state.sequences:
                 _scale_lr(self.optimizer, config.lr_decay)
         with torch.no_grad():
-            state.running[0] += float(per_seq.sum()) / math.log(2)
-            state.running[1] += float(self.objective.errors(logits, targets, mask).sum())
-            state.running[2] += per_seq.numel()
+            state.running = state.running.plus(
+                float(per_seq.sum()) / math.log(2),
+                float(self.objective.errors(logits, targets, mask).sum()), per_seq.numel())
 
     def log_training(self) -> dict:
         """A ``train`` row: the averages since the last one (over all processes)."""
         self._clock()
-        cost, errors, n = self.world.sum(self.state.running)
-        values = {"cost_bits": cost / n, "bit_errors": errors / n}
+        total = _Running(*self.world.sum(list(self.state.running)))
+        values = {"cost_bits": total.cost_bits / total.sequences,
+                  "bit_errors": total.bit_errors / total.sequences}
         self._write("train", values)
-        self.state.running = [0.0, 0.0, 0.0]
+        self.state.running = _Running.none()
         size = self.state.curriculum_size
         if size and values["bit_errors"] <= self.config.curriculum_bit_errors:
             size += 1  # a row "curriculum@SIZE": from here on, sizes up to SIZE
@@ -565,8 +595,8 @@ class _Run:
         """Write the checkpoint (rank 0). Every process calls it: the checkpoint keeps the
         running sums of all of them, which rank 0 holds from here."""
         self.saved_step = self.state.step
-        totals = self.world.sum(self.state.running)
-        self.state.running = totals if self.world.main else [0.0, 0.0, 0.0]
+        totals = _Running(*self.world.sum(list(self.state.running)))
+        self.state.running = totals if self.world.main else _Running.none()
         if not self.world.main:
             return
         s = self.state
