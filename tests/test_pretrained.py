@@ -162,7 +162,7 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
 def test_shipped_model_still_solves_its_task(name, shipped):
     # Shipped models are checked at their training size against the validation bit errors they
     # were exported with: the best of the run's validations on one set, so an optimistic figure
-    # (priority sort: 0.37 recorded, 0.33 on 1,000 other sequences, 0.46 on these 256), and that
+    # (priority sort: 0.27 recorded, 0.29 on 1,000 other sequences, 0.37 on these 256), and that
     # set mixes all sizes up to the training size; so allow three times as many, and at least
     # half a bit per sequence (a broken model is at chance: tens of bits). 256 sequences:
     # priority sort's errors sit in a few sequences, and 50 of them varied by more than that.
@@ -173,12 +173,13 @@ def test_shipped_model_still_solves_its_task(name, shipped):
 
 
 def test_shipped_priority_sort_sorts_as_documented(shipped):
-    # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 92.9% and
-    # 80.1% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
-    # rounding on another machine.
+    # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 94.1% and
+    # 83.8% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
+    # rounding on another machine: 10 sequences of the 1,000, less than the model shipped
+    # before differed by (92.9% and 80.1%).
     model, task = shipped("priority_sort")
     rows = evaluate_sizes(model, task, [20, 30], num_sequences=1000)
-    assert [row["perfect"] for row in rows] == pytest.approx([0.929, 0.801], abs=0.02)
+    assert [row["perfect"] for row in rows] == pytest.approx([0.941, 0.838], abs=0.01)
 
 
 def test_shipped_repeat_copy_generalises_in_length_as_documented(shipped):
