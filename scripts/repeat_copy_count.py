@@ -2,9 +2,10 @@
 
     python scripts/repeat_copy_count.py src/torch_ntm/pretrained/repeat_copy [--max-repeats 20]
 
-Feeds one sequence of length ``--length`` (seed 123) with its count channel set for each R in
-1 .. ``--max-repeats``, and reads the LSTM controller's cell state on the step after the count
-(every layer's cells, numbered across layers). For the ``--units`` cells whose value moves most
+Feeds ``--sequences`` sequences of length ``--length`` (seed 123; default one) with the count
+channel set for each R in 1 .. ``--max-repeats``, and reads the LSTM controller's cell state on
+the step after the count (every layer's cells, numbered across layers; the mean over the
+sequences). For the ``--units`` cells whose value moves most
 from R = 1 to R = 10 (the trained range), it prints the value at each R and how far the
 storage extrapolates: the change per repeat beyond R = 10 over the change per repeat up to it
 (1 for a count stored linearly; 0 for one that does not grow past the trained range, as a
@@ -34,13 +35,14 @@ def main() -> None:
                  f"{args.max_repeats}")
     task = ckpt.task().with_size(args.length)
     L, repeats = args.length, torch.arange(1, args.max_repeats + 1)
-    prefix = task.sample(1, torch.Generator().manual_seed(123)).inputs[:L + 2]  # to the count
-    x = prefix.repeat(1, len(repeats), 1)
-    x[L + 1, :, task.width + 1] = repeats / task.repeats_norm  # the count (see the layout)
+    S = args.sequences
+    prefix = task.sample(S, torch.Generator().manual_seed(123)).inputs[:L + 2]  # to the count
+    x = prefix.repeat_interleave(len(repeats), dim=1)  # sequence s at columns s R .. s R + R - 1
+    x[L + 1, :, task.width + 1] = repeats.repeat(S) / task.repeats_norm  # the count (the layout)
     with torch.no_grad():
         _, state = model(x)
-    _, cell = state.controller  # (layers, R, hidden)
-    cell = cell.transpose(0, 1).reshape(len(repeats), -1)  # (R, layers x hidden)
+    _, cell = state.controller  # (layers, S R, hidden)
+    cell = cell.transpose(0, 1).reshape(S, len(repeats), -1).mean(0)  # (R, layers x hidden)
     within = (cell[TRAINED - 1] - cell[0]) / (TRAINED - 1)  # change per repeat, R = 1..10
     beyond = (cell[-1] - cell[TRAINED - 1]) / (args.max_repeats - TRAINED)
     print(f"{args.run}: cell state after the count, R = 1..{args.max_repeats}, the {args.units} "

@@ -79,17 +79,20 @@ def test_repeat_copy_loops_prints_every_copy():
 
 def test_repeat_copy_count_reads_the_cells_the_count_moves(shipped):
     out = _run("repeat_copy_count.py", str(pretrained.path("repeat_copy")), "--max-repeats", "14",
-               "--units", "3")
+               "--units", "3", "--sequences", "2")
     rows = re.findall(r"^cell (\d+): ([-\d. ]+); extrapolates (-?[\d.]+)$", out, re.M)
     assert len(rows) == 3
-    # the first cell's values are the library's: cell state after the count, R = 1..14
+    # the first cell's values are the library's: cell state after the count, R = 1..14, the
+    # mean over the two sequences, each run with the count set to R / 10 one R at a time
     model, task = shipped("repeat_copy")
-    prefix = task.with_size(10).sample(1, torch.Generator().manual_seed(123)).inputs[:12]
-    x = prefix.repeat(1, 14, 1)
-    x[11, :, task.width + 1] = torch.arange(1, 15) / task.repeats_norm
+    prefixes = task.with_size(10).sample(2, torch.Generator().manual_seed(123)).inputs[:12]
+    cells = torch.zeros(14, 100)
     with torch.no_grad():
-        _, state = model(x)
-    cells = state.controller[1].transpose(0, 1).reshape(14, -1)
+        for r in range(1, 15):
+            x = prefixes.clone()
+            x[11, :, task.width + 1] = r / task.repeats_norm
+            _, state = model(x)
+            cells[r - 1] = state.controller[1][0].mean(0)  # one layer of 100 cells
     unit, values, ratio = int(rows[0][0]), [float(v) for v in rows[0][1].split()], rows[0][2]
     assert values == pytest.approx(cells[:, unit].tolist(), abs=0.006)
     assert (cells[9] - cells[0]).abs().argmax() == unit  # the cell the count moves most
