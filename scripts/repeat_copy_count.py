@@ -5,11 +5,11 @@
 Feeds ``--sequences`` sequences of length ``--length`` (seed 123; default one) with the count
 channel set for each R in 1 .. ``--max-repeats``, and reads the LSTM controller's cell state on
 the step after the count (every layer's cells, numbered across layers; the mean over the
-sequences). For the ``--units`` cells whose value moves most
-from R = 1 to R = 10 (the trained range), it prints the value at each R and how far the
-storage extrapolates: the change per repeat beyond R = 10 over the change per repeat up to it
-(1 for a count stored linearly; 0 for one that does not grow past the trained range, as a
-saturated tanh does). A model cannot count to a number it has not stored.
+sequences). For the ``--units`` cells whose value moves most from R = 1 to R = 10 (the trained
+range), it prints the value at each R and how far the storage extrapolates: the change per
+repeat beyond R = 10 over the change per repeat up to it (1 for a count stored linearly; 0 for
+one that does not grow past the trained range, as a saturated tanh does). A model cannot count
+to a number it has not stored.
 """
 
 import sys

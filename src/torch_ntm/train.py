@@ -502,10 +502,14 @@ class _Run:
                 float(per_seq.sum()) / math.log(2),
                 float(self.objective.errors(logits, targets, mask).sum()), per_seq.numel())
 
+    def _running_total(self) -> _Running:
+        """The running sums of every process added up (this process's own without torchrun)."""
+        return _Running(*self.world.sum(list(self.state.running)))
+
     def log_training(self) -> dict:
         """A ``train`` row: the averages since the last one (over all processes)."""
         self._clock()
-        total = _Running(*self.world.sum(list(self.state.running)))
+        total = self._running_total()
         values = {"cost_bits": total.cost_bits / total.sequences,
                   "bit_errors": total.bit_errors / total.sequences}
         self._write("train", values)
@@ -595,7 +599,7 @@ class _Run:
         """Write the checkpoint (rank 0). Every process calls it: the checkpoint keeps the
         running sums of all of them, which rank 0 holds from here."""
         self.saved_step = self.state.step
-        totals = _Running(*self.world.sum(list(self.state.running)))
+        totals = self._running_total()
         self.state.running = totals if self.world.main else _Running.none()
         if not self.world.main:
             return
