@@ -27,13 +27,48 @@ def test_matches_eager_float64(name, batch, steps):
 
 
 def test_matches_eager_at_unequal_sizes_past_the_vector_width():
-    # 37 rows: vector loops of 8 and 32 with a tail; batch 5 and 3 heads of each kind.
+    # 37 rows: vector loops of one and of four vectors (8 or 16 lanes) with a tail; batch 5 and 3
+    # heads of each kind.
     torch.manual_seed(0)
     model = NTM(6, 4, controller_size=11, memory_size=37, memory_width=5, read_heads=3,
                 write_heads=3, shift_range=3, dtype=torch.float64)
     x = torch.randn(6, 5, 6, dtype=torch.float64)
     _assert_same(_run(_eager(model), model, x), _run(_native(model), model, x),
                  rtol=1e-10, atol=1e-12)
+
+
+_AVX2_CHECK = """
+import torch
+from torch_ntm import NTM, native
+torch.manual_seed(0)
+model = NTM(6, 4, controller_size=11, memory_size=37, memory_width=5, read_heads=2,
+            write_heads=2, dtype=torch.float64)
+x = torch.randn(6, 5, 6, dtype=torch.float64, requires_grad=True)
+out = []
+for engine in ("eager", "native"):
+    model.engine = engine
+    logits, _ = model(x)
+    grads = torch.autograd.grad(logits.square().sum(), [x, *model.parameters()])
+    out.append(torch.cat([logits.flatten(), *(g.flatten() for g in grads)]))
+print(native._LIBRARY["lib"]._name, float((out[0] - out[1]).abs().max()))
+"""
+
+
+@pytest.mark.skipif(torch.backends.cpu.get_cpu_capability() != "AVX512",
+                    reason="the CPU has no AVX-512: the AVX2 build is the one the others test")
+def test_avx2_build_matches_eager_on_an_avx512_cpu():
+    # The library takes the CPU's widest vectors; the AVX2 form, which CPUs without AVX-512 run,
+    # is built and checked here too (ATEN_CPU_CAPABILITY lowers torch's choice).
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ATEN_CPU_CAPABILITY": "avx2"}
+    result = subprocess.run([sys.executable, "-c", _AVX2_CHECK], env=env, capture_output=True,
+                            text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
+    name, diff = result.stdout.split()
+    assert "torch_ntm_native_avx2" in name and float(diff) < 1e-10
 
 
 def test_matches_eager_float32_paper_model():
