@@ -341,6 +341,11 @@ def _load_tensors(path: Path, sha256: str) -> dict:
         raise CheckpointError(f"{path}: not a valid safetensors file ({e})") from None
 
 
+def _model_part(tensors: dict) -> dict:
+    """The model's weights among a file's tensors (keys ``model.NAME``), by their own names."""
+    return {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+
+
 @dataclass
 class Checkpoint:
     """A loaded checkpoint: its config, counters and weights (see `load_checkpoint`)."""
@@ -369,8 +374,9 @@ class Checkpoint:
     def kept_weights(self) -> dict:
         """The weights the run keeps: its best validation's where it recorded one, else its
         latest (what `model` and ``ntm evaluate`` use)."""
-        best = self.best()
-        return self.state_dict if best is None else best.weights
+        if "best" not in self._record:
+            return self.state_dict
+        return _model_part(self._best_tensors())
 
     @property
     def best_metrics(self) -> dict | None:
@@ -384,8 +390,8 @@ class Checkpoint:
         rec = self._record
         if "best" not in rec:
             return None
-        tensors = _load_tensors(*_file_name(self.path, rec, "best"))
-        weights = {k[len("model."):]: v for k, v in tensors.items() if k.startswith("model.")}
+        tensors = self._best_tensors()
+        weights = _model_part(tensors)
         meta = rec.get("best_optimizer")
         try:
             optimizer = None if meta is None else _optimizer_join(tensors, meta)
@@ -393,6 +399,10 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: invalid checkpoint record (best_optimizer: "
                                   f"{e})") from None
         return KeptWeights(weights, optimizer, self.best_metrics)
+
+    def _best_tensors(self) -> dict:
+        """The best validation's file: weights under ``model.``, optimizer state beside them."""
+        return _load_tensors(*_file_name(self.path, self._record, "best"))
 
     def load_weights_into(self, model: nn.Module, state_dict: dict | None = None) -> None:
         """Load the latest weights (or ``state_dict``) into ``model``."""
