@@ -162,10 +162,11 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
 def test_shipped_model_still_solves_its_task(name, shipped):
     # Shipped models are checked at their training size against the validation bit errors they
     # were exported with: the best of the run's validations on one set, so an optimistic figure
-    # (priority sort: 0.27 recorded, 0.29 on 1,000 other sequences, 0.37 on these 256), and that
-    # set mixes all sizes up to the training size; so allow three times as many, and at least
-    # half a bit per sequence (a broken model is at chance: tens of bits). 256 sequences:
-    # priority sort's errors sit in a few sequences, and 50 of them varied by more than that.
+    # (priority sort: 0.23 recorded, 0.21 and 0.25 on 1,000 and 5,000 other sequences, 0.34
+    # on these 256), and that set mixes all sizes up to the training size; so allow three
+    # times as many, and at least half a bit per sequence (a broken model is at chance: tens of
+    # bits). 256 sequences: priority sort's errors sit in a few sequences, and 50 of them varied
+    # by more than that.
     info = pretrained.info(name)
     model, task = shipped(name)
     (row,) = evaluate_sizes(model, task, [task.train_size], num_sequences=256)
@@ -173,13 +174,14 @@ def test_shipped_model_still_solves_its_task(name, shipped):
 
 
 def test_shipped_priority_sort_sorts_as_documented(shipped):
-    # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 94.1% and
-    # 83.8% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
-    # rounding on another machine: 10 sequences of the 1,000, less than the model shipped
-    # before differed by (92.9% and 80.1%).
+    # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 95.2% and
+    # 87.6% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
+    # rounding on another machine: 5 sequences of the 1,000 at 20 inputs (the 95%
+    # holds at the bottom of it; the model shipped before scored 94.1%), 10 at 30.
     model, task = shipped("priority_sort")
     rows = evaluate_sizes(model, task, [20, 30], num_sequences=1000)
-    assert [row["perfect"] for row in rows] == pytest.approx([0.941, 0.838], abs=0.01)
+    assert rows[0]["perfect"] == pytest.approx(0.952, abs=0.005)
+    assert rows[1]["perfect"] == pytest.approx(0.876, abs=0.01)
 
 
 def test_shipped_repeat_copy_generalises_in_length_as_documented(shipped):
