@@ -256,13 +256,15 @@ void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F*
   for (int64_t i = 0; i < N; ++i) w[i] *= inv;
 }
 
-// Gradients of `address` given dw: writes dw_prev, dkey [M], and d beta, gate, s [S], gamma into
-// dact's slots; adds to dmem [M, N] and dmsq [N]. tmp: scratch of 2N.
+// Gradients of `address` given dw, but for the pass over the memory's rows, which the caller makes
+// once for all heads on that memory (`rows_backward`): writes dw_prev and d beta, gate, s [S],
+// gamma into dact's slots; adds to dmsq [N]; writes ddot [N], the gradient of the cosine
+// numerators (d mem[j] += key[j] ddot, d key[j] = ddot . mem[j] + 2 key[j] dksq), and returns
+// dksq, that of the key's squared norm. tmp: scratch of 2N.
 template <typename F>
-void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, const F* w_prev,
-                      const F* key, F beta, F gate, const F* s, F gamma, const F* w,
-                      const F* saved, F* dw_prev, F* dkey, F* dbeta, F* dgate, F* ds,
-                      F* dgamma, F* dmem, F* dmsq, F* tmp) {
+F address_backward(const Cfg& c, const F* dw, const F* msq, const F* w_prev, const F* key, F beta,
+                   F gate, const F* s, F gamma, const F* w, const F* saved, F* dw_prev,
+                   F* dbeta, F* dgate, F* ds, F* dgamma, F* dmsq, F* ddot, F* tmp) {
   const int64_t M = c.M, N = c.N, R = c.R;
   const F tiny = F(c.tiny);
   const F* cos = saved;
@@ -305,7 +307,6 @@ void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, con
   *dgate = dg;
   const F ksq = dot(key, key, M);
   F db = 0, tsum = 0;
-  F* ddot = dws;  // reuse
 #pragma omp simd reduction(+ : db, tsum)
   for (int64_t i = 0; i < N; ++i) {
     const F dz = wc[i] * (gate * dwg[i] - sd);
@@ -317,14 +318,55 @@ void address_backward(const Cfg& c, const F* dw, const F* mem, const F* msq, con
     dmsq[i] += F(-0.5) * t / (msq[i] + F(kEps));
   }
   *dbeta = db;
-  const F dksq = F(-0.5) * tsum / (ksq + F(kEps));
+  return F(-0.5) * tsum / (ksq + F(kEps));
+}
+
+// The pass over the rows of one memory that the backward of its heads k = first .. first + n - 1
+// leaves (`address_backward`: ddot [n, N], dksq [n]), with its squared norms' (dmsq) and, for
+// the read heads, the reads' (reads[h][j] = w[h] . mem[j]; dread [n, M], w [n, N]; none for the
+// write heads): for each row j, d key_h[j] = ddot_h . mem[j] + 2 key_h[j] dksq_h, and
+// dmem[j] += 2 mem[j] dmsq + sum_h (key_h[j] ddot_h + dread_h[j] w_h).
+template <typename F>
+void rows_backward(const Cfg& c, const F* mem, const F* dmsq, int64_t first, int64_t n,
+                   const F* act, const F* ddot, const F* dksq, const F* dread, const F* w,
+                   F* dact, F* dmem) {
+  const int64_t M = c.M, N = c.N;
   for (int64_t j = 0; j < M; ++j) {
     const F* row = mem + j * N;
     F* drow = dmem + j * N;
-    const F kj = key[j];
-    dkey[j] = dot(ddot, row, N) + F(2) * kj * dksq;
+    for (int64_t h = 0; h < n; ++h) {
+      const F kj = act[c.key(first + h) + j];
+      dact[c.key(first + h) + j] = dot(ddot + h * N, row, N) + F(2) * kj * dksq[h];
+    }
+    if (n == 0) {
 #pragma omp simd
-    for (int64_t i = 0; i < N; ++i) drow[i] += kj * ddot[i];
+      for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
+      continue;
+    }
+    // The first head with the norms in the same loop, the others (if any) after it.
+    for (int64_t h = 0; h < n; ++h) {
+      const F kj = act[c.key(first + h) + j];
+      const F* dd = ddot + h * N;
+      if (dread) {
+        const F rj = dread[h * M + j];
+        const F* wh = w + h * N;
+        if (h == 0) {
+#pragma omp simd
+          for (int64_t i = 0; i < N; ++i) {
+            drow[i] += F(2) * row[i] * dmsq[i] + (kj * dd[i] + rj * wh[i]);
+          }
+        } else {
+#pragma omp simd
+          for (int64_t i = 0; i < N; ++i) drow[i] += kj * dd[i] + rj * wh[i];
+        }
+      } else if (h == 0) {
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i] + kj * dd[i];
+      } else {
+#pragma omp simd
+        for (int64_t i = 0; i < N; ++i) drow[i] += kj * dd[i];
+      }
+    }
   }
 }
 
@@ -441,16 +483,92 @@ void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
 // Backward.
 // ------------------------------------------------------------------------------------------------
 
+// Erase, then add, of one write head backward (Hw = 1; mem = mem_prev (1 - e w) + a w, per row
+// j with e = e[j], a = a[j]), in one pass over the rows: dmem, the gradient of mem, becomes that of
+// mem_prev in place; adds to dw; writes d erase and d add.
+template <typename F>
+void erase_add_backward1(const Cfg& c, const F* mem_prev, const F* w, const F* act, F* dact,
+                         F* dmem, F* dw) {
+  const int64_t M = c.M, N = c.N;
+  for (int64_t j = 0; j < M; ++j) {
+    const F* prow = mem_prev + j * N;
+    F* drow = dmem + j * N;
+    const F e = act[c.erase(0) + j], a = act[c.add(0) + j];
+    F da = 0, de = 0;
+#pragma omp simd reduction(+ : da, de)
+    for (int64_t i = 0; i < N; ++i) {
+      const F d = drow[i], p = prow[i], wi = w[i];
+      da += d * wi;
+      de += d * p * wi;
+      dw[i] += d * (a - e * p);
+      drow[i] = d * (F(1) - e * wi);
+    }
+    dact[c.add(0) + j] = da;
+    dact[c.erase(0) + j] = -de;
+  }
+}
+
+// The same for any number of write heads: mem = mem_prev * keep + sum_k a_k w_k, keep = prod_k
+// f_k, f_k = 1 - e_k w_k. erase_tmp: scratch of (Hw + 3) N.
+template <typename F>
+void erase_add_backward(const Cfg& c, const F* mem_prev, const F* ww, const F* act, F* dact,
+                        F* dmem, F* dwt, F* erase_tmp) {
+  const int64_t M = c.M, N = c.N, Hw = c.Hw;
+  F* before = erase_tmp;              // [Hw + 1, N]: before[k] = prod_{k' < k} f_k'
+  F* after = erase_tmp + (Hw + 1) * N;  // [N]: prod_{k' > k} f_k'
+  F* dkeep = after + N;                 // [N]
+  for (int64_t k = 0; k < Hw; ++k) combine_rows(dmem, act + c.add(k), M, N, dwt + k * N, true);
+  for (int64_t j = 0; j < M; ++j) {
+    const F* drow = dmem + j * N;
+    const F* prow = mem_prev + j * N;
+    for (int64_t k = 0; k < Hw; ++k) dact[c.add(k) + j] = dot(ww + k * N, drow, N);
+    std::fill(before, before + N, F(1));
+    std::fill(after, after + N, F(1));
+    for (int64_t k = 0; k < Hw; ++k) {
+      const F e = act[c.erase(k) + j];
+      const F* w = ww + k * N;
+      const F* b0 = before + k * N;
+      F* b1 = before + (k + 1) * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) b1[i] = b0[i] * (F(1) - e * w[i]);
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) dkeep[i] = drow[i] * prow[i];
+    for (int64_t k = Hw - 1; k >= 0; --k) {  // d f_k = dkeep * prod of the other f
+      const F e = act[c.erase(k) + j];
+      const F* w = ww + k * N;
+      const F* b0 = before + k * N;
+      F* dw = dwt + k * N;
+      F de = 0;
+#pragma omp simd reduction(+ : de)
+      for (int64_t i = 0; i < N; ++i) {
+        const F df = dkeep[i] * b0[i] * after[i];
+        dw[i] -= df * e;
+        de += df * w[i];
+        after[i] *= F(1) - e * w[i];
+      }
+      dact[c.erase(k) + j] -= de;
+    }
+    F* dprev = dmem + j * N;  // becomes the gradient of mem_prev, in place
+    const F* keep = before + Hw * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) dprev[i] = drow[i] * keep[i];
+  }
+}
+
+// One step's heads backward for one batch element. Scratch: tmp 2N, dwt max(Hw, 1) N (the
+// weightings' gradients), erase_tmp (Hw + 3) N, ddot max(Hr, Hw) (N + 1).
 template <typename F>
 void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_prev,
                     const F* mem, const F* msq, const F* wr_prev, const F* ww_prev,
                     const F* wr, const F* ww, const F* addr, const F* dr_out, F* dreads,
                     F* dwr, F* dww, F* dmem, F* draw, F* act, F* dact, F* dmsq, F* tmp,
-                    F* dwt, F* erase_tmp) {
+                    F* dwt, F* erase_tmp, F* ddot) {
   const int64_t M = c.M, N = c.N, Hr = c.Hr, Hw = c.Hw;
+  F* dksq = ddot + std::max(Hr, Hw) * N;
   activate(c, raw, act);
   std::fill(dact, dact + c.P, F(0));
-  // Read: reads[r][j] = sum_i wr[r][i] mem[j][i].
+  // Read: reads[r][j] = sum_i wr[r][i] mem[j][i]; its addressing, then one pass over the rows.
   std::fill(dmsq, dmsq + N, F(0));
   for (int64_t r = 0; r < Hr; ++r) {
     F* dread = dreads + r * M;
@@ -458,82 +576,29 @@ void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
     F* dw = dwt;  // dwr + dreads . mem
     std::copy(dwr + r * N, dwr + (r + 1) * N, dw);
     combine_rows(mem, dread, M, N, dw, true);
-    for (int64_t j = 0; j < M; ++j) {
-      const F d = dread[j];
-      F* drow = dmem + j * N;
-      const F* w = wr + r * N;
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) drow[i] += d * w[i];
-    }
     const int64_t k = Hw + r;
-    address_backward(c, dw, mem, msq, wr_prev + r * N, act + c.key(k), act[c.beta(k)],
-                     act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], wr + r * N,
-                     addr + k * 4 * N, dwr + r * N, dact + c.key(k), dact + c.beta(k),
-                     dact + c.gate(k), dact + c.shift(k), dact + c.gamma(k), dmem, dmsq, tmp);
+    dksq[r] = address_backward(c, dw, msq, wr_prev + r * N, act + c.key(k), act[c.beta(k)],
+                               act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], wr + r * N,
+                               addr + k * 4 * N, dwr + r * N, dact + c.beta(k), dact + c.gate(k),
+                               dact + c.shift(k), dact + c.gamma(k), dmsq, ddot + r * N, tmp);
   }
-  for (int64_t j = 0; j < M; ++j) {  // msq = sum_j mem[j]^2
-    const F* row = mem + j * N;
-    F* drow = dmem + j * N;
-#pragma omp simd
-    for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
-  }
+  rows_backward(c, mem, dmsq, Hw, Hr, act, ddot, dksq, dreads, wr, dact, dmem);
   if (Hw) {
-    // mem = mem_prev * keep + sum_k a_k w_k, keep = prod_k f_k, f_k = 1 - e_k w_k.
     for (int64_t k = 0; k < Hw; ++k) std::copy(dww + k * N, dww + (k + 1) * N, dwt + k * N);
-    F* before = erase_tmp;              // [Hw + 1, N]: before[k] = prod_{k' < k} f_k'
-    F* after = erase_tmp + (Hw + 1) * N;  // [N]: prod_{k' > k} f_k'
-    F* dkeep = after + N;                 // [N]
-    for (int64_t k = 0; k < Hw; ++k) combine_rows(dmem, act + c.add(k), M, N, dwt + k * N, true);
-    for (int64_t j = 0; j < M; ++j) {
-      const F* drow = dmem + j * N;
-      const F* prow = mem_prev + j * N;
-      for (int64_t k = 0; k < Hw; ++k) dact[c.add(k) + j] = dot(ww + k * N, drow, N);
-      std::fill(before, before + N, F(1));
-      std::fill(after, after + N, F(1));
-      for (int64_t k = 0; k < Hw; ++k) {
-        const F e = act[c.erase(k) + j];
-        const F* w = ww + k * N;
-        const F* b0 = before + k * N;
-        F* b1 = before + (k + 1) * N;
-#pragma omp simd
-        for (int64_t i = 0; i < N; ++i) b1[i] = b0[i] * (F(1) - e * w[i]);
-      }
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) dkeep[i] = drow[i] * prow[i];
-      for (int64_t k = Hw - 1; k >= 0; --k) {  // d f_k = dkeep * prod of the other f
-        const F e = act[c.erase(k) + j];
-        const F* w = ww + k * N;
-        const F* b0 = before + k * N;
-        F* dw = dwt + k * N;
-        F de = 0;
-#pragma omp simd reduction(+ : de)
-        for (int64_t i = 0; i < N; ++i) {
-          const F df = dkeep[i] * b0[i] * after[i];
-          dw[i] -= df * e;
-          de += df * w[i];
-          after[i] *= F(1) - e * w[i];
-        }
-        dact[c.erase(k) + j] -= de;
-      }
-      F* dprev = dmem + j * N;  // becomes the gradient of mem_prev, in place
-      const F* keep = before + Hw * N;
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) dprev[i] = drow[i] * keep[i];
+    if (Hw == 1) {
+      erase_add_backward1(c, mem_prev, ww, act, dact, dmem, dwt);
+    } else {
+      erase_add_backward(c, mem_prev, ww, act, dact, dmem, dwt, erase_tmp);
     }
     std::fill(dmsq, dmsq + N, F(0));
     for (int64_t k = 0; k < Hw; ++k) {
-      address_backward(c, dwt + k * N, mem_prev, msq_prev, ww_prev + k * N, act + c.key(k),
-                       act[c.beta(k)], act[c.gate(k)], act + c.shift(k), act[c.gamma(k)],
-                       ww + k * N, addr + k * 4 * N, dww + k * N, dact + c.key(k),
-                       dact + c.beta(k), dact + c.gate(k), dact + c.shift(k), dact + c.gamma(k),
-                       dmem, dmsq, tmp);
+      dksq[k] = address_backward(c, dwt + k * N, msq_prev, ww_prev + k * N, act + c.key(k),
+                                 act[c.beta(k)], act[c.gate(k)], act + c.shift(k),
+                                 act[c.gamma(k)], ww + k * N, addr + k * 4 * N, dww + k * N,
+                                 dact + c.beta(k), dact + c.gate(k), dact + c.shift(k),
+                                 dact + c.gamma(k), dmsq, ddot + k * N, tmp);
     }
-    for (int64_t j = 0; j < M; ++j) {
-      const F* row = mem_prev + j * N;
-      F* drow = dmem + j * N;
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
-    }
+    rows_backward<F>(c, mem_prev, dmsq, 0, Hw, act, ddot, dksq, nullptr, nullptr, dact, dmem);
   }
   activate_backward(c, raw, act, dact, draw);
 }
@@ -634,14 +699,14 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
     F* drw = draw_all + t * B * c.P;
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
       std::vector<F> act(c.P), dact(c.P), dmsq(N), tmp(2 * N), dwt(std::max<int64_t>(Hw, 1) * N),
-          erase_tmp((Hw + 3) * N);
+          erase_tmp((Hw + 3) * N), ddot(std::max(Hr, Hw) * (N + 1));
       for (int64_t b = begin; b < end; ++b) {
         heads_backward(c, rawp + b * c.P, mp + b * M * N, qp + b * N, mn + b * M * N,
                        qn + b * N, wrp + b * Hr * N, wwp + b * Hw * N, wrn + b * Hr * N,
                        wwn + b * Hw * N, ad + b * c.H * 4 * N, dro + b * Hr * M,
                        dreads + b * Hr * M, dwr + b * Hr * N, dww + b * Hw * N,
                        dmem + b * M * N, drw + b * c.P, act.data(), dact.data(), dmsq.data(),
-                       tmp.data(), dwt.data(), erase_tmp.data());
+                       tmp.data(), dwt.data(), erase_tmp.data(), ddot.data());
       }
     });
     // The top layer's output feeds the head layer (and, for an LSTM, the next step).
