@@ -5,7 +5,7 @@ import logging
 
 import pytest
 import torch
-from test_fast import CONFIGS, _assert_same, _eager, _in_two, _loss, _model_and_input, _run
+from test_fast import CONFIGS, SMALL, _assert_same, _eager, _in_two, _loss, _model_and_input, _run
 
 from torch_ntm import NTM, native
 
@@ -202,6 +202,42 @@ def test_large_memories_in_separate_blocks_match_eager():
     assert isinstance(buffers.mem, tuple) and len(buffers.mem) == 4
     _assert_same(_run(_eager(model), model, x), _run(_native(model), model, x),
                  rtol=1e-10, atol=1e-12)
+
+
+def test_chunks_cover_the_batch_in_equal_pieces_only_when_its_memories_are_large():
+    kb = 1 << 10
+    assert native._chunks(64, 10 * kb) == [slice(0, 64)]  # 128 x 20 float32: 640 KB in all
+    assert native._chunks(64, 40 * kb) == [slice(0, 64)]  # 512 rows: 2.5 MB
+    assert native._chunks(64, 80 * kb) == [slice(b, b + 16) for b in range(0, 64, 16)]
+    assert native._chunks(1, 8 << 20) == [slice(0, 1)]  # one memory over the limit: whole
+    parts = native._chunks(53, 80 * kb)
+    sizes = [p.stop - p.start for p in parts]
+    assert parts[0].start == 0 and parts[-1].stop == 53 and sum(sizes) == 53
+    assert all(a.stop == b.start for a, b in zip(parts, parts[1:]))
+    assert max(sizes) * 80 * kb <= native._CHUNK_BYTES and max(sizes) - min(sizes) <= 3
+
+
+@pytest.mark.parametrize("name", ["deep-lstm", "feedforward"])
+def test_a_batch_run_in_chunks_matches_eager(name, monkeypatch):
+    # Chunks of 2 of a batch of 5 (the last of 1): outputs, final state and gradients, and the
+    # inference path, as the eager loop; one library call per chunk.
+    model, x = _model_and_input(CONFIGS[name], torch.float64, 5, 4)
+    memory_bytes = SMALL["memory_size"] * SMALL["memory_width"] * 8
+    monkeypatch.setattr(native, "_SPLIT_BYTES", 0)
+    monkeypatch.setattr(native, "_CHUNK_BYTES", 2 * memory_bytes)
+    calls = []
+    call = native._call
+    monkeypatch.setattr(native, "_call", lambda name, *a: (calls.append(name), call(name, *a)))
+    eager = _run(_eager(model), model, x)
+    _assert_same(eager, _run(_native(model), model, x), rtol=1e-10, atol=1e-12)
+    assert calls == ["torch_ntm_forward"] * 3 + ["torch_ntm_backward"] * 3
+    with torch.no_grad():
+        logits, state = model(x)
+    torch.testing.assert_close(logits, eager[1])
+    for field in ("memory", "read_weights", "write_weights", "reads"):
+        torch.testing.assert_close(getattr(state, field), getattr(eager[2], field).detach())
+    for u, v in zip(state.controller, eager[2].controller):
+        torch.testing.assert_close(u, v.detach())
 
 
 def test_keep_freed_memory_sets_glibc_and_is_a_no_op_without_it(monkeypatch):
