@@ -12,7 +12,7 @@ gradients (one matmul each over all steps) are the fast engine's.
 
 The library is built on first use with `torch.utils.cpp_extension` (a C++ compiler and ninja,
 which ``pip install ninja`` provides; one source file with no torch header but ATen's vector
-type: ~9 s on a 2-core CPU) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
+type: 5-10 s on a 2-core CPU) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
 ``~/.cache/torch_extensions``): one build serves every batch size, memory size, sequence length
 and float dtype. Where it cannot be built, or for another dtype, `NTM` runs the fast engine
 instead, and on a GPU the compiled one, logging one line saying why.
