@@ -483,6 +483,44 @@ def test_generalisation_is_validated_with_eval_memory_size_rows_and_the_same_wei
     assert seen[0][1]["reads0"].ne(seen[2][1]["reads0"]).any()  # and they did train in between
 
 
+def test_eval_repeats_validates_repeat_copy_at_more_repeats_with_the_sizes(tmp_path,
+                                                                          monkeypatch):
+    """eval_repeats: sets at the longest training length with exactly R repeats, validated with
+    eval_sizes' (once the training distribution is solved), logged as val@rR, and ranked with
+    them (their sum)."""
+    import torch_ntm.train as module
+
+    seen = []
+
+    def recording(model, batches):
+        task = batches[0][1]
+        seen.append((task.min_length, task.max_length, task.min_repeats, task.max_repeats))
+        errors = 0.0 if task.max_repeats <= 2 else 0.25 * task.max_repeats
+        return {"cost_bits": 1.0, "bit_errors": errors, "perfect": float(errors == 0)}
+
+    monkeypatch.setattr(module, "evaluate_batches", recording)
+    config = resolve_config("repeat_copy", overrides=[
+        *ROLLBACK_TINY, "task.max_repeats=2", "eval_sizes=3", "eval_repeats=4,6",
+        "max_sequences=2", "rollback_bit_errors=-1"])
+    result = train(config, tmp_path / "run", progress=False)
+    # Per validation: the training distribution (L <= 2, R <= 2), L = 3, then L = 2 at R = 4, 6.
+    assert seen == [(1, 2, 1, 2), (3, 3, 1, 2), (2, 2, 4, 4), (2, 2, 6, 6)]
+    splits = [r["split"] for r in read_metrics(tmp_path / "run" / "metrics.csv")
+              if r["split"] != "train"]
+    assert splits == ["val", "val@3", "val@r4", "val@r6"]
+    assert result.metrics["general_bit_errors"] == pytest.approx(1.0 + 1.5)
+
+
+def test_eval_repeats_needs_a_task_with_a_repeat_count():
+    from torch_ntm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_repeats applies to a task with a repeat count"):
+        resolve_config("copy", overrides=["eval_repeats=20"])
+    with pytest.raises(ConfigError, match="eval_repeats=2000"):
+        resolve_config("repeat_copy", overrides=["eval_repeats=2000"])  # 20,000 steps
+    assert resolve_config("repeat_copy", overrides=["eval_repeats=15,20"]).eval_repeats == [15, 20]
+
+
 def test_eval_memory_size_is_checked_and_ignored_by_the_lstm_baseline():
     from torch_ntm.config import ConfigError
 

@@ -119,6 +119,10 @@ class TrainConfig(NTMOptions):
     # eval_size_sequences fixed sequences each, once the training distribution has no wrong bit.
     # Stopping needs them clean too, and the run keeps the weights that did best on all of them.
     eval_sizes: list[int] = field(default_factory=list)
+    # Tasks with a repeat count (repeat copy): the same validations at these counts, with the
+    # task's longest training length (logged as val@rR, ranked and stopping with eval_sizes'):
+    # eval_sizes varies the length only, and draws the count from the training range.
+    eval_repeats: list[int] = field(default_factory=list)
     eval_size_sequences: int = 100
     # Rows of memory for those validations and for the generalisation tables of `ntm train` and
     # `ntm evaluate` (no parameter depends on it); 0: memory_size. A copy of 120 items needs more
@@ -218,6 +222,10 @@ class TrainConfig(NTMOptions):
                                                            self.task_params.output_size):
             raise ConfigError(f"{source}: the task's held-out data has other input or output "
                               f"widths than its training data")
+        if self.eval_repeats and not hasattr(self.task_params, "with_repeats"):
+            raise ConfigError(f"{source}: eval_repeats applies to a task with a repeat count "
+                              f"(repeat_copy), not {self.task}; use eval_sizes, or leave it "
+                              f"empty")
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
@@ -297,15 +305,17 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     import torch
 
     task = config.task_params
-    for size in (task.train_size, *config.eval_sizes):
-        sample = task.with_size(size).sample(1, torch.Generator().manual_seed(0))
-        steps = sample.inputs.shape[0]
+    drawn = [(task.with_size(size), size, "training" if size == task.train_size else
+              f"eval_sizes={size}") for size in (task.train_size, *config.eval_sizes)]
+    drawn += [(task.with_size(task.train_size).with_repeats(r), task.train_size,
+               f"eval_repeats={r}") for r in config.eval_repeats]
+    for each, size, what in drawn:
+        steps = each.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
         if steps > MAX_SEQUENCE_STEPS:
-            what = "training" if size == task.train_size else f"eval_sizes={size}"
             raise ConfigError(
                 f"{source}: a {config.task} sequence of {task.size_name} {size} ({what}) takes "
                 f"{steps:,} steps, more than {MAX_SEQUENCE_STEPS:,}: lower the size (e.g. "
-                f"task.max_length) or the eval_sizes")
+                f"task.max_length) or the {what.partition('=')[0]}")
 
 
 def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,

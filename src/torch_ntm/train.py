@@ -40,7 +40,7 @@ from torch_ntm.stability import BestWeights, SpikeClip
 __all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches",
            "is_main_process"]
 
-GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes)
+GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes, eval_repeats)
 # The validation set of a task whose held-out data is not its training distribution (Omniglot's
 # test split): a seed of its own, so that `ntm evaluate`'s episodes (EVAL_SEED) are not those that
 # chose the weights to keep.
@@ -199,10 +199,10 @@ def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
 
 def _score(metrics: dict) -> tuple:
     """Order of validations, best first: fewest wrong bits in the training distribution, then
-    fewest at the generalisation sizes (``eval_sizes``, per sequence summed over the sizes; none
-    validated counts as infinitely many), then the lowest cost. For a label task: fewest wrong
-    labels per episode on the held-out data, then the lowest cross-entropy (it has no
-    ``eval_sizes``). A task with a reference cost (n-grams) has random targets and no bit-exact
+    fewest at the generalisation sets (``eval_sizes``, ``eval_repeats``: per sequence summed over
+    the sets; none validated counts as infinitely many), then the lowest cost. For a label task:
+    fewest wrong labels per episode on the held-out data, then the lowest cross-entropy (it has
+    no ``eval_sizes``). A task with a reference cost (n-grams) has random targets and no bit-exact
     solution: the lowest cost alone."""
     if "reference_cost_bits" in metrics:
         return (metrics["cost_bits"],)
@@ -256,9 +256,9 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     """Train ``config`` into ``run_dir`` (or continue the run there when ``resume``).
 
     Stops when ``config.patience_evals`` validations have had <= ``config.stop_bit_errors``
-    bit errors per sequence, in the training distribution and at every ``eval_sizes``, with none
-    in between over it in the training distribution; or when ``max_sequences``/``max_seconds``
-    is spent.
+    bit errors per sequence, in the training distribution and at every ``eval_sizes`` and
+    ``eval_repeats``, with none in between over it in the training distribution; or when
+    ``max_sequences``/``max_seconds`` is spent.
     Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory,
     holding its lock (`torch_ntm.checkpoint.lock_run`): a second training into it is refused.
     """
@@ -390,9 +390,12 @@ class _Run:
         # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the
         # model on other sequences than those that chose when to stop and which weights to keep.
         held_out = self.task.held_out()
+        general = {str(size): held_out.with_size(size) for size in config.eval_sizes}
+        longest = held_out.with_size(self.task.train_size)
+        general.update({f"r{r}": longest.with_repeats(r) for r in config.eval_repeats})
         self.general_batches = {
-            size: fixed_batches(held_out.with_size(size), config.eval_size_sequences, 50,
-                                seed=GENERAL_SEED) for size in config.eval_sizes}
+            name: fixed_batches(task, config.eval_size_sequences, 50, seed=GENERAL_SEED)
+            for name, task in general.items()}
         # The same weights with eval_memory_size rows (no parameter depends on the rows).
         self.general_model = self.model
         if config.eval_overrides() and self.general_batches:
@@ -527,9 +530,9 @@ class _Run:
             self.log.write(s.step, s.sequences, s.elapsed_s, split, values)
 
     def validate(self) -> None:
-        """Validate (and at ``eval_sizes`` once the training distribution is solved), count
-        towards stopping, decay or roll back as configured, keep the best, save. With
-        ``ema_decay``, all of it but the save on the average of the weights."""
+        """Validate (and at ``eval_sizes``, ``eval_repeats`` once the training distribution is
+        solved), count towards stopping, decay or roll back as configured, keep the best, save.
+        With ``ema_decay``, all of it but the save on the average of the weights."""
         with self._averaged_weights():
             self._validate()
         self.save()
@@ -542,21 +545,22 @@ class _Run:
 
     def _evaluate(self) -> tuple[dict, float]:
         """The validation's metrics (logged), and its wrong bits per sequence at the worst of
-        the training distribution and the ``eval_sizes`` (inf while these are not validated)."""
+        the training distribution and the generalisation sets (inf while these are not
+        validated)."""
         self._clock()
         metrics = evaluate_batches(self.model, self.val_batches)
         self._write("val", metrics)
-        # Wrong bits per sequence at each of eval_sizes (validated only once the training
+        # Wrong bits per sequence at each generalisation set (validated only once the training
         # distribution has none: only then can it generalise); their sum ranks validations.
         at_sizes = [math.inf] if self.general_batches else []
         if self.general_batches and metrics["bit_errors"] == 0:
             if self.general_model is not self.model:
                 self.general_model.load_state_dict(self.model.state_dict())
             at_sizes = []
-            for size, batches in self.general_batches.items():
+            for name, batches in self.general_batches.items():
                 row = evaluate_batches(self.general_model, batches)
                 at_sizes.append(row["bit_errors"])
-                self._write(f"val@{size}", row)
+                self._write(f"val@{name}", row)
             metrics["general_bit_errors"] = sum(at_sizes)
         return metrics, max([metrics["bit_errors"], *at_sizes])
 
