@@ -325,7 +325,8 @@ F address_backward(const Cfg& c, const F* dw, const F* msq, const F* w_prev, con
 // leaves (`address_backward`: ddot [n, N], dksq [n]), with its squared norms' (dmsq) and, for
 // the read heads, the reads' (reads[h][j] = w[h] . mem[j]; dread [n, M], w [n, N]; none for the
 // write heads): for each row j, d key_h[j] = ddot_h . mem[j] + 2 key_h[j] dksq_h, and
-// dmem[j] += 2 mem[j] dmsq + sum_h (key_h[j] ddot_h + dread_h[j] w_h).
+// dmem[j] += 2 mem[j] dmsq + sum_h (key_h[j] ddot_h + dread_h[j] w_h). n >= 1 (the callers: the
+// read heads, of which there is at least one, and the write heads where there are any).
 template <typename F>
 void rows_backward(const Cfg& c, const F* mem, const F* dmsq, int64_t first, int64_t n,
                    const F* act, const F* ddot, const F* dksq, const F* dread, const F* w,
@@ -337,11 +338,6 @@ void rows_backward(const Cfg& c, const F* mem, const F* dmsq, int64_t first, int
     for (int64_t h = 0; h < n; ++h) {
       const F kj = act[c.key(first + h) + j];
       dact[c.key(first + h) + j] = dot(ddot + h * N, row, N) + F(2) * kj * dksq[h];
-    }
-    if (n == 0) {
-#pragma omp simd
-      for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
-      continue;
     }
     // The first head with the norms in the same loop, the others (if any) after it.
     for (int64_t h = 0; h < n; ++h) {
