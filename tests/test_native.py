@@ -254,3 +254,19 @@ def test_keep_freed_memory_sets_glibc_and_is_a_no_op_without_it(monkeypatch):
 
     monkeypatch.setattr(ctypes, "CDLL", no_libc)
     assert native.keep_freed_memory() is False
+
+
+@pytest.mark.parametrize("env,calls", [(None, 1), ("1", 1), ("0", 0)])
+def test_first_native_call_keeps_freed_memory_unless_told_not_to(monkeypatch, env, calls):
+    # A library user's own loop gets the reuse of freed buffers that `ntm` commands set up.
+    seen = []
+    monkeypatch.setattr(native, "keep_freed_memory", lambda: seen.append(1) or True)
+    monkeypatch.setattr(native, "_FREED", {})
+    if env is None:
+        monkeypatch.delenv("TORCH_NTM_KEEP_FREED_MEMORY", raising=False)
+    else:
+        monkeypatch.setenv("TORCH_NTM_KEEP_FREED_MEMORY", env)
+    model = NTM(3, 2, controller_size=4, memory_size=5, memory_width=2, engine="native")
+    for _ in range(3):
+        model(torch.randn(2, 1, 3))
+    assert len(seen) == calls
