@@ -7,7 +7,11 @@ validation's), runs the run's kept weights, and prints the wrong data bits of ea
 over the sequences) and the copy in which the end marker is first raised (median; the model
 should raise it after copy R, on the step after the last one), and on a second line the read
 heads' focus in each copy (the largest weight of a read weighting, mean over its steps, heads and
-sequences: 1 on one row, 1/N spread over all N). A model that keeps copying and only misplaces
+sequences: 1 on one row, 1/N spread over all N), and on a third how much of the stored sequence
+is left unerased at the end of each copy (the L rows of the most write weight during the input;
+the product over the answer's steps so far of each entry's ``1 - w e`` of every write head, mean
+over the rows, columns and sequences: 1 while nothing is erased there, 0 once it is wiped; adds
+are not counted). A model that keeps copying and only misplaces
 the marker (the paper's, at 20 repeats) has few wrong data bits; one that raises the marker
 early and then outputs noise has about half the bits of the copies after it wrong.
 """
@@ -44,6 +48,15 @@ def main() -> None:
               + f"; end marker first raised after copy {statistics.median(copy_of_end):g}"
               + f" (median of {args.sequences}; right: {R})")
         print("  read focus per copy " + " ".join(f"{v:.2f}" for v in focus.tolist()))
+        # The rows written during the input: the L of most write weight over steps 1..L.
+        rows = trace.write_weights[1 : L + 1].sum((0, 2)).topk(L, dim=-1).indices  # (B, L)
+        heads = trace.write_weights.shape[2]
+        index = rows[None, :, None].expand(R * L, -1, heads, -1)  # (RL, B, Hw, L)
+        w = trace.write_weights[answer].gather(-1, index)
+        keep = (1 - w[..., :, None] * trace.erase[answer][..., None, :]).prod(2)  # (RL, B, L, M)
+        left = keep.cumprod(0)[L - 1 :: L].mean((1, 2, 3))  # (R,) at each copy's last step
+        print("  stored sequence left unerased after copy "
+              + " ".join(f"{v:.2f}" for v in left.tolist()))
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from torch_ntm.checkpoint import save_checkpoint
 from torch_ntm.config import resolve_config
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.metrics import bit_errors
+from torch_ntm.tasks import make_task
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
 
@@ -63,18 +64,37 @@ def test_sort_precision_splits_every_sequence(float64, shipped):
 
 
 def test_repeat_copy_loops_prints_every_copy():
-    out = _run("repeat_copy_loops.py", str(pretrained.path("repeat_copy")), "--repeats", "3,12",
+    out = _run("repeat_copy_loops.py", str(pretrained.path("repeat_copy")), "--repeats", "3,20",
                "--sequences", "8")
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines[::2]] == ["L = 10, R = 3", "L = 10, R = 12"]
-    for line, focus_line, repeats in zip(lines[::2], lines[1::2], (3, 12)):
+    assert [line.split(":")[0] for line in lines[::3]] == ["L = 10, R = 3", "L = 10, R = 20"]
+    for line, focus_line, left_line, repeats in zip(lines[::3], lines[1::3], lines[2::3], (3, 20)):
         per_copy = line.split("per copy ")[1].split(";")[0].split()
         assert len(per_copy) == repeats
         assert all(0 <= float(v) <= 80 for v in per_copy)  # at most every bit of a copy (10 x 8)
         focus = focus_line.split("read focus per copy ")[1].split()
         assert len(focus) == repeats
         assert all(1 / 128 <= float(v) <= 1 for v in focus)  # a weighting's largest of 128 rows
+        left = [float(v) for v in left_line.split("unerased after copy ")[1].split()]
+        assert len(left) == repeats
+        assert all(1 >= a >= b >= 0 for a, b in zip(left, left[1:]))  # a product of factors <= 1
     assert float(lines[1].split()[-1]) > 0.9  # the shipped model reads one row at a time at R = 3
+    # What is left of the stored sequence after the 20th copy, recomputed step by step on the
+    # script's sequences: the row the write head was on at each input step, and every answer
+    # step's erase there.
+    model = pretrained.load("repeat_copy")
+    batch = make_task("repeat_copy").with_size(10).with_repeats(20).sample(
+        8, torch.Generator().manual_seed(123))
+    with torch.no_grad():
+        _, _, trace = model.trace(batch.inputs)
+    kept = torch.ones(8, 10, 20, dtype=torch.float64)
+    for b in range(8):
+        rows = trace.write_weights[1:11, b, 0].argmax(-1)
+        for t in range(12, 12 + 200):
+            w, e = trace.write_weights[t, b, 0, rows].double(), trace.erase[t, b, 0].double()
+            kept[b] *= 1 - w[:, None] * e[None, :]
+    assert float(lines[5].split()[-1]) == pytest.approx(float(kept.mean()), abs=0.006)
+    assert float(kept.mean()) < 0.5  # the shipped model erases it after its early marker
 
 
 def test_repeat_copy_count_reads_the_cells_the_count_moves(shipped):
