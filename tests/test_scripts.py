@@ -131,3 +131,17 @@ def test_recall_errors_counts_the_sequences():
     out = _run("recall_errors.py", str(pretrained.path("associative_recall")), "--sequences", "50")
     wrong, total = map(int, re.match(r"(\d+) of (\d+) sequences with a wrong bit", out).groups())
     assert total == 50 and 0 <= wrong <= total
+
+
+def test_profile_step_splits_a_native_step():
+    from torch_ntm import native
+
+    if not native.available():
+        pytest.skip("native library not built")
+    out = _run("profile_step.py", "--batch-size", "1,2", "--memory-size", "8", "--seq-len", "3",
+               "--steps", "2", "--repeats", "1")
+    heads = re.findall(r"^native, batch (\d+), 8 rows, L = 3: ([\d.]+) ms per step", out, re.M)
+    assert [b for b, _ in heads] == ["1", "2"] and all(float(t) > 0 for _, t in heads)
+    for line in re.findall(r"^  of which: (.*)$", out, re.M):
+        parts = dict(p.rsplit(" ", 1) for p in line.split(", "))
+        assert float(parts["native forward call"]) > 0 and float(parts["native backward call"]) > 0
