@@ -134,7 +134,7 @@ class _Buffers(NamedTuple):
     raw: Tensor  # [T, B, P] the head layer's output
     # The two largest, in blocks per slot or step (`_blocks`; csrc/sequence.h's View):
     mem: Tensor | tuple  # T+1 of [B, M, N] memory, transposed
-    addr: Tensor | tuple  # T of [B, H, 4, N] addressing intermediates (cos, wc, wg, ws)
+    addr: Tensor | tuple  # T of [B, H, N] the heads' cosine similarities
     z: tuple  # per layer [T, B, in + C | in] the layer's matmul input
     act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
 
@@ -157,7 +157,7 @@ def _buffers(cfg: fast._Config, steps: int, batch: int, rows: int, like: Tensor,
     views = [v.view(shape) for v, shape in zip(like.new_empty(sum(sizes)).split(sizes), shapes)]
     z, act = tuple(views[_SINGLE : _SINGLE + layers]), tuple(views[_SINGLE + layers :])
     mem = _blocks(like, slots, (batch, m, rows))
-    addr = _blocks(like, kept, (batch, hr + hw, 4, rows))
+    addr = _blocks(like, kept, (batch, hr + hw, rows))
     return _Buffers(*views[:_SINGLE], mem, addr, z, act)
 
 

@@ -216,25 +216,20 @@ void activate_backward(const Cfg& c, const F* raw, const F* act, const F* dact, 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Addressing (fast._address, eq. 5-9) of one head of one batch element, and its backward.
-// saved: [4, N] = cos, wc, wg, ws (the shifted weighting before sharpening).
+// Addressing (fast._address, eq. 5-9) of one head of one batch element, and its backward. The
+// forward keeps only the cosine similarities (cos [N]) for the backward, which recomputes the
+// weightings in between (`weightings`, the same machine code: not inlined) from them: the kept
+// state of every step is what the backward reads back from DRAM at large batches.
 // ------------------------------------------------------------------------------------------------
 
+// From the cosine similarities to the shifted weighting before sharpening: wc (eq. 5), wg (eq. 7)
+// and ws (eq. 8), each [N]; returns the scale of the sharpening, max(ws, tiny).
 template <typename F>
-void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F* key, F beta,
-             F gate, const F* s, F gamma, F* saved, F* w) {
-  const int64_t M = c.M, N = c.N, R = c.R;
-  F* cos = saved;
-  F* wc = saved + N;
-  F* wg = saved + 2 * N;
-  F* ws = saved + 3 * N;
-  const F ksq = dot(key, key, M) + F(kEps);
-  combine_rows(mem, key, M, N, cos, false);
+__attribute__((noinline)) F weightings(const Cfg& c, const F* cos, F beta, const F* w_prev,
+                                       F gate, const F* s, F* wc, F* wg, F* ws) {
+  const int64_t N = c.N, R = c.R;
 #pragma omp simd
-  for (int64_t i = 0; i < N; ++i) {
-    cos[i] /= std::sqrt(ksq * (msq[i] + F(kEps)));
-    wc[i] = beta * cos[i];
-  }
+  for (int64_t i = 0; i < N; ++i) wc[i] = beta * cos[i];
   const F mx = max_of(wc, N, -std::numeric_limits<F>::infinity());
 #pragma omp simd
   for (int64_t i = 0; i < N; ++i) wc[i] -= mx;
@@ -247,7 +242,20 @@ void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F*
   }
   std::fill(ws, ws + N, F(0));
   for (int64_t q = 0; q < c.S; ++q) shift_add(ws, wg, s[q], R - q, N);  // eq. (8)
-  const F scale = max_of(ws, N, F(c.tiny));
+  return max_of(ws, N, F(c.tiny));
+}
+
+// cos: the kept cosine similarities [N]; work: scratch of 3N.
+template <typename F>
+void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F* key, F beta,
+             F gate, const F* s, F gamma, F* cos, F* work, F* w) {
+  const int64_t M = c.M, N = c.N;
+  const F ksq = dot(key, key, M) + F(kEps);
+  combine_rows(mem, key, M, N, cos, false);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) cos[i] /= std::sqrt(ksq * (msq[i] + F(kEps)));
+  F* ws = work + 2 * N;
+  const F scale = weightings(c, cos, beta, w_prev, gate, s, work, work + N, ws);
   // eq. (9): u^gamma = exp(gamma log u), u = ws / scale in [0, 1]; 0 at u = 0.
   const Vec<F> vscale(scale), vgamma(gamma);
   map1(w, ws, N, [&](Vec<F> v) { return (vgamma * (v / vscale).log()).exp(); });
@@ -260,20 +268,19 @@ void address(const Cfg& c, const F* mem, const F* msq, const F* w_prev, const F*
 // once for all heads on that memory (`rows_backward`): writes dw_prev and d beta, gate, s [S],
 // gamma into dact's slots; adds to dmsq [N]; writes ddot [N], the gradient of the cosine
 // numerators (d mem[j] += key[j] ddot, d key[j] = ddot . mem[j] + 2 key[j] dksq), and returns
-// dksq, that of the key's squared norm. tmp: scratch of 2N.
+// dksq, that of the key's squared norm. cos: the kept cosine similarities; tmp: scratch of 5N.
 template <typename F>
 F address_backward(const Cfg& c, const F* dw, const F* msq, const F* w_prev, const F* key, F beta,
-                   F gate, const F* s, F gamma, const F* w, const F* saved, F* dw_prev,
+                   F gate, const F* s, F gamma, const F* w, const F* cos, F* dw_prev,
                    F* dbeta, F* dgate, F* ds, F* dgamma, F* dmsq, F* ddot, F* tmp) {
   const int64_t M = c.M, N = c.N, R = c.R;
   const F tiny = F(c.tiny);
-  const F* cos = saved;
-  const F* wc = saved + N;
-  const F* wg = saved + 2 * N;
-  const F* ws = saved + 3 * N;
   F* dws = tmp;
   F* dwg = tmp + N;
-  const F scale = max_of(ws, N, tiny);
+  F* wc = tmp + 2 * N;
+  F* wg = tmp + 3 * N;
+  F* ws = tmp + 4 * N;
+  const F scale = weightings(c, cos, beta, w_prev, gate, s, wc, wg, ws);
   // Sharpen: w = p / sum(p), p = u^gamma, u = ws / scale (scale a constant, as in eager).
   const F inner = dot(dw, w, N);
   F* u = dwg;  // scratch: u, clamped to tiny (where u = 0, p = 0 and so are these terms)
@@ -412,13 +419,13 @@ void erase_add(const Cfg& c, const F* act, const F* ww, const F* mem_prev, F* me
 template <typename F>
 void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_prev,
                     const F* wr_prev, const F* ww_prev, F* mem, F* msq, F* wr, F* ww, F* reads,
-                    F* addr, F* act) {
+                    F* addr, F* act, F* work) {
   const int64_t M = c.M, N = c.N;
   activate(c, raw, act);
   if (c.Hw) {
     for (int64_t k = 0; k < c.Hw; ++k) {
       address(c, mem_prev, msq_prev, ww_prev + k * N, act + c.key(k), act[c.beta(k)],
-              act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], addr + k * 4 * N, ww + k * N);
+              act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], addr + k * N, work, ww + k * N);
     }
     erase_add(c, act, ww, mem_prev, mem, msq);
   } else {
@@ -428,7 +435,7 @@ void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
   for (int64_t r = 0; r < c.Hr; ++r) {
     const int64_t k = c.Hw + r;
     address(c, mem, msq, wr_prev + r * N, act + c.key(k), act[c.beta(k)], act[c.gate(k)],
-            act + c.shift(k), act[c.gamma(k)], addr + k * 4 * N, wr + r * N);
+            act + c.shift(k), act[c.gamma(k)], addr + k * N, work, wr + r * N);
     for (int64_t j = 0; j < M; ++j) reads[r * M + j] = dot(wr + r * N, mem + j * N, N);
   }
 }
@@ -552,7 +559,7 @@ void erase_add_backward(const Cfg& c, const F* mem_prev, const F* ww, const F* a
   }
 }
 
-// One step's heads backward for one batch element. Scratch: tmp 2N, dwt max(Hw, 1) N (the
+// One step's heads backward for one batch element. Scratch: tmp 5N, dwt max(Hw, 1) N (the
 // weightings' gradients), erase_tmp (Hw + 3) N, ddot max(Hr, Hw) (N + 1).
 template <typename F>
 void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_prev,
@@ -575,7 +582,7 @@ void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
     const int64_t k = Hw + r;
     dksq[r] = address_backward(c, dw, msq, wr_prev + r * N, act + c.key(k), act[c.beta(k)],
                                act[c.gate(k)], act + c.shift(k), act[c.gamma(k)], wr + r * N,
-                               addr + k * 4 * N, dwr + r * N, dact + c.beta(k), dact + c.gate(k),
+                               addr + k * N, dwr + r * N, dact + c.beta(k), dact + c.gate(k),
                                dact + c.shift(k), dact + c.gamma(k), dmsq, ddot + r * N, tmp);
   }
   rows_backward(c, mem, dmsq, Hw, Hr, act, ddot, dksq, dreads, wr, dact, dmem);
@@ -590,7 +597,7 @@ void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
     for (int64_t k = 0; k < Hw; ++k) {
       dksq[k] = address_backward(c, dwt + k * N, msq_prev, ww_prev + k * N, act + c.key(k),
                                  act[c.beta(k)], act[c.gate(k)], act + c.shift(k),
-                                 act[c.gamma(k)], ww + k * N, addr + k * 4 * N, dww + k * N,
+                                 act[c.gamma(k)], ww + k * N, addr + k * N, dww + k * N,
                                  dact + c.beta(k), dact + c.gate(k), dact + c.shift(k),
                                  dact + c.gamma(k), dmsq, ddot + k * N, tmp);
     }
@@ -664,11 +671,12 @@ void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
     F* rd = v.reads(t);
     F* ad = v.addr(st);
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
-      std::vector<F> act(c.P);
+      std::vector<F> act(c.P), work(3 * N);
       for (int64_t b = begin; b < end; ++b) {
         write_and_read(c, raw + b * c.P, mp + b * M * N, qp + b * N, wrp + b * c.Hr * N,
                        wwp + b * c.Hw * N, mn + b * M * N, qn + b * N, wrn + b * c.Hr * N,
-                       wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * 4 * N, act.data());
+                       wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * N, act.data(),
+                       work.data());
       }
     });
   }
@@ -694,12 +702,12 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
     const F* dro = dro_all + t * B * Hr * M;
     F* drw = draw_all + t * B * c.P;
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
-      std::vector<F> act(c.P), dact(c.P), dmsq(N), tmp(2 * N), dwt(std::max<int64_t>(Hw, 1) * N),
+      std::vector<F> act(c.P), dact(c.P), dmsq(N), tmp(5 * N), dwt(std::max<int64_t>(Hw, 1) * N),
           erase_tmp((Hw + 3) * N), ddot(std::max(Hr, Hw) * (N + 1));
       for (int64_t b = begin; b < end; ++b) {
         heads_backward(c, rawp + b * c.P, mp + b * M * N, qp + b * N, mn + b * M * N,
                        qn + b * N, wrp + b * Hr * N, wwp + b * Hw * N, wrn + b * Hr * N,
-                       wwn + b * Hw * N, ad + b * c.H * 4 * N, dro + b * Hr * M,
+                       wwn + b * Hw * N, ad + b * c.H * N, dro + b * Hr * M,
                        dreads + b * Hr * M, dwr + b * Hr * N, dww + b * Hw * N,
                        dmem + b * M * N, drw + b * c.P, act.data(), dact.data(), dmsq.data(),
                        tmp.data(), dwt.data(), erase_tmp.data(), ddot.data());
