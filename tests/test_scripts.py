@@ -145,3 +145,17 @@ def test_profile_step_splits_a_native_step():
     for line in re.findall(r"^  of which: (.*)$", out, re.M):
         parts = dict(p.rsplit(" ", 1) for p in line.split(", "))
         assert float(parts["native forward call"]) > 0 and float(parts["native backward call"]) > 0
+
+
+def test_heads_bench_times_the_library_heads():
+    from torch_ntm import native
+
+    if not native.available():
+        pytest.skip("native library not built")
+    out = _run("heads_bench.py", "--batch-size", "1,3", "--memory-size", "64", "--steps", "4",
+               "--repeats", "1")
+    rows = re.findall(r"^\s+64\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)$", out, re.M)
+    assert [r[0] for r in rows] == ["1", "3"]
+    assert all(int(f) > 0 and int(b) > 0 for _, f, b, _ in rows)
+    # kept per sequence and step: the memory (64 x 20) and two heads' cosines (2 x 64), float32
+    assert [float(r[3]) for r in rows] == [round(4 * b * 1408 * 4 / 1e6, 2) for b in (1, 3)]
