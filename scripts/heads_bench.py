@@ -4,21 +4,24 @@
     python scripts/heads_bench.py [--batch-size 1,2,4,8,16,32,64] [--memory-size 128]
 
 Builds ``heads_bench.cpp`` (beside this script; it includes ``csrc/kernels.cpp`` with the
-library's own compiler flags) and times one step's heads of the paper's copy model (one read and
-one write head, memory N x 20, three shifts: addressing, erase and add, the read) over 41 steps
-of B sequences, the state of every step kept as training keeps it, then the same steps backward:
-the least over ``--repeats`` of the nanoseconds per sequence and step, and the megabytes the
-forward keeps for the backward. One thread, no controller, no Python: where the per-sequence
-cost grows with the batch, it is the kept state leaving the cache.
+library's own compiler flags) and times the heads of `NTM(9, 9, memory_size=N)`, the paper's copy
+model (one read and one write head, memory N x 20, three shifts; the sizes and head layout the
+library's call would get, from `torch_ntm.native`): one step's addressing, erase and add and read
+over 41 steps of B sequences, with random head parameters, the state of every step kept as
+training keeps it, then the same steps backward. Prints the least over ``--repeats`` of the
+nanoseconds per sequence and step, and the megabytes the forward keeps for the backward (each
+step's memory and the heads' cosine similarities). One thread, no controller, no Python: where
+the per-sequence cost grows with the batch, it is the kept state leaving the cache.
 """
 
 import argparse
 import ctypes
 from pathlib import Path
 
+import torch
 from torch.utils import cpp_extension
 
-from torch_ntm import native
+from torch_ntm import NTM, fast, native
 
 
 def build() -> ctypes.CDLL:
@@ -27,9 +30,25 @@ def build() -> ctypes.CDLL:
         extra_cflags=native._flags(), extra_include_paths=[str(native._CSRC)],
         is_python_module=False, verbose=False)
     lib = ctypes.CDLL(path)
-    lib.heads_bench.argtypes = [ctypes.c_int64] * 4 + [ctypes.POINTER(ctypes.c_double)]
+    lib.heads_bench.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                ctypes.POINTER(ctypes.c_double)]
     lib.heads_bench.restype = ctypes.c_int
     return lib
+
+
+def time_heads(lib: ctypes.CDLL, rows: int, batch: int, steps: int, repeats: int):
+    """(forward ns, backward ns, kept MB): the sizes from the library's own description."""
+    model = NTM(9, 9, memory_size=rows)
+    cfg = fast._layout(model, torch.device("cpu"), False).cfg
+    like = torch.empty(0)
+    sizes = native._sizes(cfg, steps, native._buffers(cfg, steps, batch, rows, like, True), True)
+    sizes_c = (ctypes.c_int64 * len(sizes))(*sizes)
+    reals_c = (ctypes.c_double * 3)(cfg.beta_cap, cfg.gamma_cap, torch.finfo(torch.float32).tiny)
+    out = (ctypes.c_double * 2)()
+    lib.heads_bench(sizes_c, reals_c, repeats, out)
+    heads = cfg.read_heads + cfg.write_heads
+    kept = steps * batch * (rows * cfg.width + heads * rows) * 4 / 1e6
+    return out[0], out[1], kept
 
 
 def main() -> None:
@@ -44,11 +63,8 @@ def main() -> None:
           "   (per sequence and step)")
     for rows in (int(n) for n in args.memory_size.split(",")):
         for batch in (int(b) for b in args.batch_size.split(",")):
-            out = (ctypes.c_double * 2)()
-            lib.heads_bench(batch, args.steps, rows, args.repeats, out)
-            # kept per step and sequence: the memory (N x 20) and the heads' cosines (2N), float32
-            kept = args.steps * batch * (rows * 20 + 2 * rows) * 4 / 1e6
-            print(f"{rows:>5} {batch:>5} {out[0]:>11.0f} {out[1]:>12.0f} {kept:>8.2f}")
+            fwd, bwd, kept = time_heads(lib, rows, batch, args.steps, args.repeats)
+            print(f"{rows:>5} {batch:>5} {fwd:>11.0f} {bwd:>12.0f} {kept:>8.2f}")
 
 
 if __name__ == "__main__":
