@@ -576,3 +576,24 @@ def test_priority_sort_close_pairs_train_but_validate_on_the_papers_task():
     for (got, task), (want, _) in zip(batches, expected):
         assert task == PrioritySortTask()
         assert all(torch.equal(a, b) for a, b in zip(got, want))
+
+
+@pytest.mark.parametrize("clip_norm", [0.0, 1.0])
+def test_clip_returns_the_global_norm_and_clips_only_when_asked(clip_norm):
+    from torch_ntm.config import TrainConfig
+    from torch_ntm.train import _clip
+
+    torch.manual_seed(0)
+    params = [torch.nn.Parameter(torch.zeros(3, 4)), torch.nn.Parameter(torch.zeros(5))]
+    for p in params:
+        p.grad = torch.randn_like(p) * 3
+    before = [p.grad.clone() for p in params]
+    expected = torch.cat([g.flatten() for g in before]).norm()
+    config = TrainConfig(clip_value=0.0, clip_norm=clip_norm)
+    norm = _clip(config, params, None)
+    torch.testing.assert_close(norm, expected)
+    scale = 1.0 if clip_norm == 0 else min(1.0, clip_norm / (float(expected) + 1e-6))
+    for p, g in zip(params, before):
+        torch.testing.assert_close(p.grad, g * scale)
+    params[1].grad[0] = float("inf")
+    assert not torch.isfinite(_clip(config, params, None))
