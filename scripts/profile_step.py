@@ -24,41 +24,22 @@ from torch_ntm import native
 from torch_ntm.bench import _Runner
 from torch_ntm.tasks import CopyTask
 
-PHASES = ("forward", "loss", "backward", "clip", "optimizer")
-
-
-def step(runner: _Runner) -> None:
-    """`_Runner.train_step`, each phase labelled for the profiler."""
-    x, y, mask = runner.batch
-    runner.model.train()
-    runner.optimizer.zero_grad(set_to_none=True)
-    with record_function("forward"):
-        logits, _ = runner.model(x)
-    with record_function("loss"):
-        loss = runner.loss(logits, y, mask).mean()
-    with record_function("backward"):
-        loss.backward()
-    with record_function("clip"):
-        torch.nn.utils.clip_grad_norm_(runner.model.parameters(), 10.0)
-    with record_function("optimizer"):
-        runner.optimizer.step()
-
 
 def profile_one(engine: str, batch: int, rows: int, length: int, steps: int, repeats: int):
     task = CopyTask().with_size(length)
     data = task.sample(batch, torch.Generator().manual_seed(0))
     runner = _Runner(engine, rows, data, task, torch.device("cpu"), 0)
     for _ in range(3):
-        step(runner)
+        runner.train_step()
     blocks = []
     for _ in range(repeats):
         start = time.perf_counter()
         for _ in range(steps):
-            step(runner)
+            runner.train_step()
         blocks.append((time.perf_counter() - start) / steps * 1e3)
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         for _ in range(steps):
-            step(runner)
+            runner.train_step(phase=record_function)
     events = {e.key: e for e in prof.key_averages()}
 
     def ms(key: str, total: bool = True) -> float:
@@ -67,7 +48,7 @@ def profile_one(engine: str, batch: int, rows: int, length: int, steps: int, rep
             return 0.0
         return (e.cpu_time_total if total else e.self_cpu_time_total) / steps / 1e3
 
-    phases = {p: ms(p) for p in PHASES}
+    phases = {p: ms(p) for p in _Runner.PHASES}
     calls = {"native forward call": ms("_NativeSequence", total=False),
              "native backward call": ms("_NativeSequenceBackward", total=False),
              "matmuls (mm, addmm)": ms("aten::mm", total=False) + ms("aten::addmm", total=False)}

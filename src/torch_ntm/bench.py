@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import statistics
 import time
+from contextlib import nullcontext
 
 import torch
 
@@ -49,6 +50,8 @@ def _sync(device: torch.device) -> None:
 class _Runner:
     """One engine's model, optimizer and step functions for one configuration."""
 
+    PHASES = ("forward", "loss", "backward", "clip", "optimizer")  # of `train_step`, in order
+
     def __init__(self, engine, memory_size, batch, task, device, seed):
         torch.manual_seed(seed)  # every engine starts from the same parameters
         self.model = NTM(task.input_size, task.output_size, memory_size=memory_size,
@@ -59,15 +62,22 @@ class _Runner:
         self.batch = [t.to(device) for t in batch]
         self.device = device
 
-    def train_step(self) -> torch.Tensor:
+    def train_step(self, phase=lambda name: nullcontext()) -> torch.Tensor:
+        """One training step; ``phase(name)`` is a context around each of its `PHASES`, e.g.
+        `torch.profiler.record_function` (scripts/profile_step.py); by default nothing."""
         x, y, mask = self.batch
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
-        logits, _ = self.model(x)
-        loss = self.loss(logits, y, mask).mean()
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
-        self.optimizer.step()
+        with phase("forward"):
+            logits, _ = self.model(x)
+        with phase("loss"):
+            loss = self.loss(logits, y, mask).mean()
+        with phase("backward"):
+            loss.backward()
+        with phase("clip"):
+            torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
+        with phase("optimizer"):
+            self.optimizer.step()
         return loss
 
     @torch.no_grad()
