@@ -130,9 +130,10 @@ def _clip(config: TrainConfig, params, spikes: SpikeClip | None) -> torch.Tensor
         nn.utils.clip_grad_value_(params, config.clip_value)
     if spikes is not None:
         return spikes()
-    if config.clip_norm <= 0:  # the norm only: clip_grad_norm_ would also scale every grad by 1
+    max_norm = _max_norm(config)
+    if math.isinf(max_norm):  # the norm only: clip_grad_norm_ would also scale every grad by 1
         return nn.utils.get_total_norm([p.grad for p in params if p.grad is not None])
-    return nn.utils.clip_grad_norm_(params, _max_norm(config))
+    return nn.utils.clip_grad_norm_(params, max_norm)
 
 
 def _max_norm(config: TrainConfig) -> float:
