@@ -25,6 +25,7 @@ from contextlib import nullcontext
 import torch
 
 from torch_ntm.evaluate import task_objective
+from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES, NTM
 from torch_ntm.tasks import CopyTask
 
@@ -56,8 +57,9 @@ class _Runner:
         torch.manual_seed(seed)  # every engine starts from the same parameters
         self.model = NTM(task.input_size, task.output_size, memory_size=memory_size,
                          engine=engine, device=device)
-        self.optimizer = torch.optim.RMSprop(self.model.parameters(), lr=1e-4, momentum=0.9,
-                                             foreach=True)  # as `train.make_optimizer`
+        self.optimizer = FlatOptimizer(  # as `ntm train` (train.make_optimizer, FlatOptimizer)
+            self.model.parameters(),
+            lambda flat: torch.optim.RMSprop(flat, lr=1e-4, momentum=0.9, foreach=True))
         self.loss = task_objective(task).loss
         self.batch = [t.to(device) for t in batch]
         self.device = device

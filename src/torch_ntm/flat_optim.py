@@ -1,0 +1,132 @@
+"""One optimizer step for all of a model's parameters at once.
+
+A torch optimizer steps each parameter with its own ops (on the CPU, ``foreach`` still loops over
+the tensors): for the paper's NTM (13 parameter tensors, 63k numbers) RMSProp's step takes ~350 us,
+about a tenth of a training step at batch 1, where the same step over one flat tensor takes ~110 us
+(2026-11-26, this 2-core CPU). `FlatOptimizer` makes the parameters views of one flat tensor,
+gives the optimizer that tensor, and gathers the gradients into its ``grad`` before each step. The
+update is elementwise, so each number comes out bitwise as the per-parameter optimizer would make
+it (tested), and its ``state_dict`` is the per-parameter optimizer's, so checkpoints do not change.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+import torch
+from torch import Tensor, nn
+
+__all__ = ["FlatOptimizer"]
+
+
+class FlatOptimizer:
+    """An optimizer over one flat tensor that the given parameters become views of.
+
+    Args:
+        params: the parameters (same dtype and device; at least one). Each is pointed in place
+            (``Tensor.set_``: the same Python object) at its part of the flat tensor, so the
+            module that holds them, and any reference to them, sees every update.
+        make: builds the optimizer from a list of tensors, e.g. ``lambda ps: torch.optim.RMSprop(
+            ps, lr=1e-4)``; it gets ``[flat]``.
+
+    ``zero_grad``, ``step``, ``param_groups``, ``state_dict`` and ``load_state_dict`` behave as the
+    optimizer's; ``state_dict`` splits the flat state into the per-parameter state that ``make``
+    applied to ``params`` would have (one group, parameters numbered in order), and
+    ``load_state_dict`` takes that form. One difference: a parameter without a gradient at
+    ``step`` is stepped with zeros, where torch's optimizers skip it (its moments stay zero, so
+    without weight decay it stays put; every model this library builds gives each parameter a
+    gradient).
+    """
+
+    def __init__(self, params: Iterable[Tensor],
+                 make: Callable[[list[Tensor]], torch.optim.Optimizer]) -> None:
+        self.params = list(params)
+        if not self.params:
+            raise ValueError("FlatOptimizer needs at least one parameter")
+        with torch.no_grad():
+            flat = torch.cat([p.reshape(-1) for p in self.params])
+        self.flat = nn.Parameter(flat)
+        self._sizes = [p.numel() for p in self.params]
+        with torch.no_grad():
+            for p, view in zip(self.params, self._views(self.flat)):
+                p.set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+        self.flat.grad = torch.zeros_like(flat)
+        self.optimizer = make([self.flat])
+
+    def _views(self, flat: Tensor) -> list[Tensor]:
+        """``flat`` cut into views shaped as the parameters."""
+        return [v.view(p.shape) for v, p in zip(flat.split(self._sizes), self.params)]
+
+    @property
+    def param_groups(self) -> list[dict]:
+        return self.optimizer.param_groups
+
+    def zero_grad(self, set_to_none: bool = True) -> None:
+        for p in self.params:
+            if set_to_none:
+                p.grad = None
+            elif p.grad is not None:
+                p.grad.zero_()
+
+    @torch.no_grad()
+    def step(self) -> None:
+        """Gather the parameters' gradients into the flat one (zeros where one has none), then
+        step the optimizer."""
+        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
+        torch.cat([g.reshape(-1) for g in grads], out=self.flat.grad)
+        self.optimizer.step()
+
+    def state_dict(self) -> dict:
+        """The per-parameter form of the optimizer's ``state_dict``: flat tensors cut into views
+        shaped as the parameters, counters (``step``) copied to each."""
+        inner = self.optimizer.state_dict()
+        flat_state = inner["state"].get(0, {})
+        state = {i: {} for i in range(len(self.params))} if flat_state else {}
+        for key, value in flat_state.items():
+            if isinstance(value, Tensor) and value.shape == self.flat.shape:
+                for i, view in enumerate(self._views(value)):
+                    state[i][key] = view
+            else:  # a scalar of the whole step: each parameter has its own
+                for i in state:
+                    state[i][key] = value.clone() if isinstance(value, Tensor) else value
+        (group,) = inner["param_groups"]
+        group = {**group, "params": list(range(len(self.params)))}
+        return {"state": state, "param_groups": [group]}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        """Load a per-parameter ``state_dict`` (`state_dict`'s form, or that of the optimizer
+        ``make`` builds, over the same parameters in the same order).
+
+        Raises:
+            ValueError: it has another number of parameters or groups, a tensor of another
+                shape, or per-parameter counters that differ (a state a flat step cannot
+                continue exactly).
+        """
+        groups, state = state_dict["param_groups"], state_dict["state"]
+        count = len(self.params)
+        if len(groups) != 1 or list(groups[0]["params"]) != list(range(count)):
+            raise ValueError(f"optimizer state for another parameter list: expected one group of "
+                             f"{count} parameters, got groups of "
+                             f"{[len(g['params']) for g in groups]}")
+        flat_state = {}
+        if state:
+            if sorted(state) != list(range(count)):
+                raise ValueError(f"optimizer state for {len(state)} of {count} parameters; a flat "
+                                 "step needs all or none")
+            for key in state[0]:
+                values = [state[i][key] for i in range(count)]
+                if all(not isinstance(v, Tensor) or v.dim() == 0 for v in values):  # counters
+                    if any(not torch.equal(torch.as_tensor(v), torch.as_tensor(values[0]))
+                           for v in values):
+                        raise ValueError(f"optimizer state {key!r} differs between parameters; "
+                                         "a flat step needs one value for all")
+                    flat_state[key] = values[0]
+                    continue
+                for v, p in zip(values, self.params):
+                    if not isinstance(v, Tensor) or v.shape != p.shape:
+                        shape = tuple(v.shape) if isinstance(v, Tensor) else type(v).__name__
+                        raise ValueError(f"optimizer state {key!r} of shape {shape} for a "
+                                         f"parameter of shape {tuple(p.shape)}")
+                flat_state[key] = torch.cat([v.reshape(-1) for v in values]).to(self.flat)
+        self.optimizer.load_state_dict({"state": {0: flat_state} if flat_state else {},
+                                        "param_groups": [{**groups[0], "params": [0]}]})
