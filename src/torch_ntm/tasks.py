@@ -346,7 +346,10 @@ class NGramsTask(Task):
 
     For each sequence a fresh table gives, for every context of ``order - 1`` bits,
     P(next bit = 1) ~ Beta(1/2, 1/2). The first ``order - 1`` bits are uniform; every later bit is
-    drawn from the table given the ``order - 1`` bits before it. A sequence of ``length`` bits
+    drawn from the table given the ``order - 1`` bits before it (the table's index for bit t is
+    ``sum_{j=1}^{order-1} x_{t-j} 2^(j-1)``, the most recent bit least significant; its entries
+    are independent, so the order of the index does not change the sequences' distribution,
+    only which numbers of a generator's stream a sequence takes). A sequence of ``length`` bits
     x_0..x_{length-1} takes ``T = length - 1`` steps; the input at step t is x_t and the target is
     x_{t+1}::
 
