@@ -80,7 +80,7 @@ class _Runner:
             torch.nn.utils.clip_grad_norm_(self.model.parameters(), 10.0)
         with phase("optimizer"):
             self.optimizer.step()
-        return loss
+        return loss.detach()
 
     @torch.no_grad()
     def infer_step(self) -> torch.Tensor:
