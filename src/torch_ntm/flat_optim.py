@@ -43,6 +43,10 @@ class FlatOptimizer:
         self.params = list(params)
         if not self.params:
             raise ValueError("FlatOptimizer needs at least one parameter")
+        kinds = {(p.dtype, p.device) for p in self.params}
+        if len(kinds) > 1:
+            raise ValueError(f"FlatOptimizer needs parameters of one dtype and device, got "
+                             f"{sorted(map(str, kinds))}; give each kind its own optimizer")
         with torch.no_grad():
             flat = torch.cat([p.reshape(-1) for p in self.params])
         self.flat = nn.Parameter(flat)
