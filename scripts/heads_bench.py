@@ -1,5 +1,5 @@
-"""The native library's heads alone, per sequence and step, at several batch sizes (README,
-"Speed": why batch 64 stays short).
+"""The native library's heads alone, per sequence and step, at several batch sizes
+(docs/speed.md: why batch 64 stays short).
 
     python scripts/heads_bench.py [--batch-size 1,2,4,8,16,32,64] [--memory-size 128]
 

@@ -1,4 +1,4 @@
-"""Where a training step of `ntm bench` goes (README, "Speed"; the speed issue's closing notes).
+"""Where a training step of `ntm bench` goes (docs/speed.md; the speed issue's closing notes).
 
     python scripts/profile_step.py [--engine native] [--batch-size 1,16,64] [--memory-size 128]
 

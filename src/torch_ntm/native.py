@@ -82,7 +82,7 @@ def _flags() -> list[str]:
     # ATen's vector type takes the form of the CPU's best instruction set that torch's own kernels
     # use (torch.backends.cpu.get_cpu_capability(); ATEN_CPU_CAPABILITY=avx2 in the environment
     # lowers it), and SLEEF's exp, log and tanh of that width with it. AVX-512 against AVX2,
-    # 2026-11-25 (README, "Speed"): 1.1-1.6x inference, ~1.1x training with 1,024 rows.
+    # 2026-11-25 (docs/speed.md): 1.1-1.6x inference, ~1.1x training with 1,024 rows.
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX512":
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
