@@ -11,6 +11,7 @@ from torch import nn
 from torch_ntm import NTM
 from torch_ntm.baseline import LSTMBaseline
 from torch_ntm.flat_optim import FlatOptimizer
+from torch_ntm.stability import BestWeights
 
 OPTIMIZERS = {
     "rmsprop": functools.partial(torch.optim.RMSprop, lr=1e-3, alpha=0.95, momentum=0.9,
@@ -134,3 +135,44 @@ def test_no_parameters_or_mixed_dtypes_are_errors():
     mixed = [nn.Parameter(torch.ones(2)), nn.Parameter(torch.ones(2, dtype=torch.float64))]
     with pytest.raises(ValueError, match="one dtype and device"):
         FlatOptimizer(mixed, OPTIMIZERS["rmsprop"])
+
+
+@pytest.mark.parametrize("flat", [False, True])
+def test_kept_weights_restore_again_and_again(flat):
+    """`BestWeights` hands its kept state to the optimizer, which advances counters in place: the
+    kept state must not follow it (it did, and a second restore of the flat optimizer's state
+    then found parameter 0's step ahead of the others)."""
+    a, plain, b, flat_opt = _pair("ntm", "adam-amsgrad")
+    model, optimizer = (b, flat_opt) if flat else (a, plain)
+    keeper = BestWeights(model, optimizer)
+    data = _data(9)
+    for x, y in data[:3]:
+        _step(model, optimizer, x, y)
+    keeper.update(1.0)
+    kept = copy.deepcopy(keeper.state_dict()["optimizer"])
+    for x, y in data[3:6]:
+        _step(model, optimizer, x, y)
+    keeper.restore()
+    for x, y in data[6:]:
+        _step(model, optimizer, x, y)
+    keeper.restore()
+    state = keeper.state_dict()["optimizer"]["state"]
+    for i, values in kept["state"].items():
+        for key, value in values.items():
+            assert torch.equal(state[i][key], value), (i, key)
+    assert float(optimizer.state_dict()["state"][0]["step"]) == 3
+
+
+def test_a_graph_saved_before_the_step_still_refuses_to_backward():
+    """The step writes the parameters through the flat tensor; autograd must know, as it does
+    for the per-parameter optimizer's in-place update."""
+    for flat in (False, True):
+        a, plain, b, flat_opt = _pair("ntm", "rmsprop")
+        model, optimizer = (b, flat_opt) if flat else (a, plain)
+        x, y = _data(1)[0]
+        loss = nn.functional.binary_cross_entropy_with_logits(model(x)[0], y)
+        for p in model.parameters():
+            p.grad = torch.ones_like(p)
+        optimizer.step()
+        with pytest.raises(RuntimeError, match="modified by an inplace operation"):
+            loss.backward()

@@ -1,12 +1,13 @@
 """One optimizer step for all of a model's parameters at once.
 
 A torch optimizer steps each parameter with its own ops (on the CPU, ``foreach`` still loops over
-the tensors): for the paper's NTM (13 parameter tensors, 63k numbers) RMSProp's step takes ~350 us,
-about a tenth of a training step at batch 1, where the same step over one flat tensor takes ~110 us
-(2026-11-26, this 2-core CPU). `FlatOptimizer` makes the parameters views of one flat tensor,
-gives the optimizer that tensor, and gathers the gradients into its ``grad`` before each step. The
-update is elementwise, so each number comes out bitwise as the per-parameter optimizer would make
-it (tested), and its ``state_dict`` is the per-parameter optimizer's, so checkpoints do not change.
+the tensors): for the paper's NTM (13 parameter tensors, 63k numbers) RMSProp's step takes ~270-350
+us, about a tenth of a training step at batch 1, where the same step over one flat tensor, with the
+gathering of the gradients, takes ~180 us (2026-11-26, this 2-core CPU). `FlatOptimizer` makes the
+parameters views of one flat tensor, gives the optimizer that tensor, and gathers the gradients into
+its ``grad`` before each step. The update is elementwise, so each number comes out bitwise as the
+per-parameter optimizer would make it (tested), and its ``state_dict`` is the per-parameter
+optimizer's, so checkpoints do not change.
 """
 
 from __future__ import annotations
@@ -29,13 +30,23 @@ class FlatOptimizer:
         make: builds the optimizer from a list of tensors, e.g. ``lambda ps: torch.optim.RMSprop(
             ps, lr=1e-4)``; it gets ``[flat]``.
 
-    ``zero_grad``, ``step``, ``param_groups``, ``state_dict`` and ``load_state_dict`` behave as the
-    optimizer's; ``state_dict`` splits the flat state into the per-parameter state that ``make``
-    applied to ``params`` would have (one group, parameters numbered in order), and
-    ``load_state_dict`` takes that form. One difference: a parameter without a gradient at
-    ``step`` is stepped with zeros, where torch's optimizers skip it (its moments stay zero, so
-    without weight decay it stays put; every model this library builds gives each parameter a
-    gradient).
+    ``zero_grad``, ``step``, ``state_dict`` and ``load_state_dict`` behave as the optimizer's;
+    ``state_dict`` splits the flat state into the per-parameter state that ``make`` applied to
+    ``params`` would have (one group, parameters numbered in order), and ``load_state_dict`` takes
+    that form. Where it differs:
+
+    - A parameter without a gradient at a ``step`` is stepped with zeros, where torch's optimizers
+      skip it: one that never has a gradient stays put (without weight decay), but one that had
+      one before moves on its momentum, and its step counter advances with the others. Every
+      model this library builds gives each parameter a gradient at every step.
+    - ``param_groups`` are the optimizer's, with ``[flat]`` as their parameters (for the learning
+      rate and other settings); ``flat.grad`` holds the gradients only from ``step`` on, so clip
+      the parameters' own gradients (as `train` does), not the groups'.
+    - The parameters share the flat tensor's storage: build the module on its device and dtype
+      first (``.to()``, ``.double()`` or ``load_state_dict(assign=True)`` afterwards give it new
+      tensors that the optimizer no longer steps); save ``state_dict()`` with
+      ``safetensors.torch.save_file`` (``save_model`` refuses shared storage), and ``torch.save``
+      of one parameter writes the whole flat tensor.
     """
 
     def __init__(self, params: Iterable[Tensor],
@@ -79,6 +90,9 @@ class FlatOptimizer:
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         torch.cat([g.reshape(-1) for g in grads], out=self.flat.grad)
         self.optimizer.step()
+        # The update wrote to the parameters' storage through the flat tensor: tell autograd, so
+        # that a graph which saved them before the step still refuses to backward, as it would.
+        torch.autograd.graph.increment_version(self.params)
 
     def state_dict(self) -> dict:
         """The per-parameter form of the optimizer's ``state_dict``: flat tensors cut into views
@@ -124,7 +138,9 @@ class FlatOptimizer:
                            for v in values):
                         raise ValueError(f"optimizer state {key!r} differs between parameters; "
                                          "a flat step needs one value for all")
-                    flat_state[key] = values[0]
+                    # a copy: the optimizer advances it in place, and the caller keeps its own
+                    first = values[0]
+                    flat_state[key] = first.clone() if isinstance(first, Tensor) else first
                     continue
                 for v, p in zip(values, self.params):
                     if not isinstance(v, Tensor) or v.shape != p.shape:

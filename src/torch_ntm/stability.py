@@ -73,7 +73,8 @@ class BestWeights:
             raise RuntimeError("BestWeights.restore: no weights kept yet; call update(score) first")
         self.model.load_state_dict(self._weights)
         if self.optimizer is not None and self._optimizer_state is not None:
-            self.optimizer.load_state_dict(self._optimizer_state)
+            # a copy: optimizers keep the tensors they are given and advance them in place
+            self.optimizer.load_state_dict(copy.deepcopy(self._optimizer_state))
         return self.score
 
     def state_dict(self) -> dict:
