@@ -176,3 +176,11 @@ def test_a_graph_saved_before_the_step_still_refuses_to_backward():
         optimizer.step()
         with pytest.raises(RuntimeError, match="modified by an inplace operation"):
             loss.backward()
+
+
+def test_a_module_converted_after_it_was_made_is_refused_not_left_behind():
+    _, _, b, flat = _pair("ntm", "rmsprop")
+    x, y = _data(1)[0]
+    b.double()
+    with pytest.raises(RuntimeError, match="no longer lies in the flat tensor"):
+        _step(b, flat, x.double(), y.double(), clip=False)

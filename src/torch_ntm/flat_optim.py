@@ -43,10 +43,10 @@ class FlatOptimizer:
       rate and other settings); ``flat.grad`` holds the gradients only from ``step`` on, so clip
       the parameters' own gradients (as `train` does), not the groups'.
     - The parameters share the flat tensor's storage: build the module on its device and dtype
-      first (``.to()``, ``.double()`` or ``load_state_dict(assign=True)`` afterwards give it new
-      tensors that the optimizer no longer steps); save ``state_dict()`` with
-      ``safetensors.torch.save_file`` (``save_model`` refuses shared storage), and ``torch.save``
-      of one parameter writes the whole flat tensor.
+      first (``.to()``, ``.double()``, ``load_state_dict(assign=True)`` or an LSTM's
+      ``flatten_parameters()`` afterwards give it new tensors, and ``step`` then raises); save
+      ``state_dict()`` with ``safetensors.torch.save_file`` (``save_model`` refuses shared
+      storage), and ``torch.save`` of one parameter writes the whole flat tensor.
     """
 
     def __init__(self, params: Iterable[Tensor],
@@ -65,6 +65,7 @@ class FlatOptimizer:
         with torch.no_grad():
             for p, view in zip(self.params, self._views(self.flat)):
                 p.set_(view.untyped_storage(), view.storage_offset(), view.shape, view.stride())
+        self._addresses = [p.data_ptr() for p in self.params]
         self.flat.grad = torch.zeros_like(flat)
         self.optimizer = make([self.flat])
 
@@ -86,7 +87,19 @@ class FlatOptimizer:
     @torch.no_grad()
     def step(self) -> None:
         """Gather the parameters' gradients into the flat one (zeros where one has none), then
-        step the optimizer."""
+        step the optimizer.
+
+        Raises:
+            RuntimeError: a parameter no longer lies in the flat tensor (the module was converted
+                or moved after this optimizer was made), which the step would no longer update.
+        """
+        for i, (p, address) in enumerate(zip(self.params, self._addresses)):
+            if p.data_ptr() != address:
+                raise RuntimeError(
+                    f"FlatOptimizer: parameter {i} (shape {tuple(p.shape)}) no longer lies in the "
+                    "flat tensor: the module was converted, moved or given new tensors after the "
+                    "optimizer was made, and its steps would not reach it; make the optimizer "
+                    "after .to() / .double() / flatten_parameters()")
         grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in self.params]
         torch.cat([g.reshape(-1) for g in grads], out=self.flat.grad)
         self.optimizer.step()
