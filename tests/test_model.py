@@ -326,6 +326,9 @@ def test_every_parameter_gets_a_finite_nonzero_gradient(cfg):
         assert p.grad is not None, name
         assert torch.isfinite(p.grad).all(), name
         assert p.grad.abs().sum() > 0, name
+        # in the parameter's own layout, as DistributedDataParallel expects (it warned of the
+        # focus logits' gradient, a [H, 1] slice of an [H, N] one)
+        assert p.grad.stride() == p.stride(), name
 
 
 @pytest.mark.parametrize("memory_size", [7, 128])

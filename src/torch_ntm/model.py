@@ -312,8 +312,12 @@ class _NTMBase(nn.Module):
             memory = torch.empty(b, n, m, device=device, dtype=dtype).uniform_(-bound, bound)
 
         def focus(logit: Tensor) -> Tensor:  # (H, 1) -> (B, H, N)
-            logits = torch.zeros(logit.shape[0], n, device=device, dtype=dtype)
-            logits = torch.cat([logit.to(device, dtype), logits[:, 1:]], dim=1)
+            # The logit on row 0, zeros elsewhere. A product with a one-hot row rather than a
+            # concatenation, whose backward would hand the logit a [H, 1] slice of an [H, N]
+            # gradient (strides (N, 1)), which DistributedDataParallel warns about.
+            first = torch.zeros(1, n, device=device, dtype=dtype)
+            first[0, 0] = 1
+            logits = logit.to(device, dtype) * first
             return torch.softmax(logits, dim=-1).expand(b, -1, -1)
 
         controller = tuple(t.to(device, dtype) for t in self.controller.initial_state(b))
