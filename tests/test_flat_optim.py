@@ -184,3 +184,13 @@ def test_a_module_converted_after_it_was_made_is_refused_not_left_behind():
     b.double()
     with pytest.raises(RuntimeError, match="no longer lies in the flat tensor"):
         _step(b, flat, x.double(), y.double(), clip=False)
+
+
+def test_a_scheduler_on_its_optimizer_sets_the_rate_it_steps_and_saves():
+    _, _, b, flat = _pair("ntm", "rmsprop")
+    scheduler = torch.optim.lr_scheduler.ReduceLROnPlateau(flat.optimizer, patience=0,
+                                                           factor=0.5)
+    for loss in (1.0, 2.0):
+        scheduler.step(loss)
+    assert flat.param_groups[0]["lr"] == 5e-4
+    assert flat.state_dict()["param_groups"][0]["lr"] == 5e-4

@@ -41,7 +41,8 @@ class FlatOptimizer:
       model this library builds gives each parameter a gradient at every step.
     - ``param_groups`` are the optimizer's, with ``[flat]`` as their parameters (for the learning
       rate and other settings); ``flat.grad`` holds the gradients only from ``step`` on, so clip
-      the parameters' own gradients (as `train` does), not the groups'.
+      the parameters' own gradients (as `train` does), not the groups'. It is not a
+      ``torch.optim.Optimizer``: give a learning-rate scheduler its ``optimizer``.
     - The parameters share the flat tensor's storage: build the module on its device and dtype
       first (``.to()``, ``.double()``, ``load_state_dict(assign=True)`` or an LSTM's
       ``flatten_parameters()`` afterwards give it new tensors, and ``step`` then raises); save
