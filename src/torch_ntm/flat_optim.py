@@ -115,12 +115,12 @@ class FlatOptimizer:
         flat_state = inner["state"].get(0, {})
         state = {i: {} for i in range(len(self.params))} if flat_state else {}
         for key, value in flat_state.items():
-            if isinstance(value, Tensor) and value.shape == self.flat.shape:
+            if _is_counter(value):  # each parameter has its own
+                for i in state:
+                    state[i][key] = _copy(value)
+            else:
                 for i, view in enumerate(self._views(value)):
                     state[i][key] = view
-            else:  # a scalar of the whole step: each parameter has its own
-                for i in state:
-                    state[i][key] = value.clone() if isinstance(value, Tensor) else value
         (group,) = inner["param_groups"]
         group = {**group, "params": list(range(len(self.params)))}
         return {"state": state, "param_groups": [group]}
@@ -147,14 +147,13 @@ class FlatOptimizer:
                                  "step needs all or none")
             for key in state[0]:
                 values = [state[i][key] for i in range(count)]
-                if all(not isinstance(v, Tensor) or v.dim() == 0 for v in values):  # counters
+                if all(_is_counter(v) for v in values):
                     if any(not torch.equal(torch.as_tensor(v), torch.as_tensor(values[0]))
                            for v in values):
                         raise ValueError(f"optimizer state {key!r} differs between parameters; "
                                          "a flat step needs one value for all")
                     # a copy: the optimizer advances it in place, and the caller keeps its own
-                    first = values[0]
-                    flat_state[key] = first.clone() if isinstance(first, Tensor) else first
+                    flat_state[key] = _copy(values[0])
                     continue
                 for v, p in zip(values, self.params):
                     if not isinstance(v, Tensor) or v.shape != p.shape:
@@ -164,3 +163,13 @@ class FlatOptimizer:
                 flat_state[key] = torch.cat([v.reshape(-1) for v in values]).to(self.flat)
         self.optimizer.load_state_dict({"state": {0: flat_state} if flat_state else {},
                                         "param_groups": [{**groups[0], "params": [0]}]})
+
+
+def _is_counter(value) -> bool:
+    """Whether a value of an optimizer's per-parameter state is a counter of the whole step
+    (``step``: a number or a 0-d tensor) rather than a tensor of the parameter's shape."""
+    return not isinstance(value, Tensor) or value.dim() == 0
+
+
+def _copy(value):
+    return value.clone() if isinstance(value, Tensor) else value
