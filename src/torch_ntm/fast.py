@@ -30,6 +30,7 @@ Example::
 
 from __future__ import annotations
 
+import functools
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -481,6 +482,51 @@ def _run_forward(steps: _Steps, xpre, weights, biases, wp, bp, state, keep: bool
     return torch.stack(hs), torch.stack(reads), states, saved
 
 
+class _FirstOrderOnly(torch.autograd.Function):
+    """The identity on the gradients a hand-written backward returns when autograd asked for a
+    graph of them (``create_graph=True``), whose own backward raises: the hand-written backward
+    treats what it saved as constants, so differentiating its result again would give a wrong
+    second derivative without a word (torch's ``once_differentiable`` raises too, with a message
+    that does not name the fix). The inputs before the last ``count`` only link the results into
+    the graph: the incoming gradients that require grad, and a leaf that does, so that the
+    results always do."""
+
+    @staticmethod
+    def forward(ctx, count: int, *tensors: Tensor):
+        return tuple(t.clone() for t in tensors[len(tensors) - count :])
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise RuntimeError(
+            "the NTM's 'fast', 'native' and 'compiled' engines compute first derivatives only "
+            "(their backward is written by hand): a second derivative (create_graph=True: double "
+            "backward, a gradient penalty, a Hessian-vector product) needs NTM(..., "
+            "engine=\"eager\") (or model.engine = \"eager\")")
+
+
+def first_order_only(backward):
+    """Decorates an `autograd.Function`'s hand-written ``backward``: it runs without recording a
+    graph, and where autograd records one (``create_graph=True``) its results come through
+    `_FirstOrderOnly`, so that differentiating them raises instead of being silently wrong."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            out = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return out
+        where = [i for i, g in enumerate(out) if isinstance(g, Tensor)]
+        links = [g for g in grads if isinstance(g, Tensor) and g.requires_grad]
+        marked = _FirstOrderOnly.apply(len(where), torch.zeros((), requires_grad=True), *links,
+                                       *(out[i] for i in where))
+        out = list(out)
+        for i, g in zip(where, marked):
+            out[i] = g
+        return tuple(out)
+
+    return wrapper
+
+
 class _Sequence(torch.autograd.Function):
     """The recurrent part of `NTM.forward` over a whole sequence, with a hand-written backward.
 
@@ -518,6 +564,7 @@ class _Sequence(torch.autograd.Function):
         return tuple(out)
 
     @staticmethod
+    @first_order_only
     def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
         steps, states, saved = ctx.steps, ctx.states, ctx.saved
         cfg = steps.cfg

@@ -507,7 +507,8 @@ class NTM(_NTMBase):
             and inference; a library built once per machine in seconds, for every size and
             float32/float64; elsewhere it runs as ``"compiled"`` on a GPU and ``"fast"``
             otherwise, saying so); ``"eager"`` loops over the step with plain autograd
-            (needed for double backward and `torch.func` transforms). `trace` is always eager,
+            (needed for double backward and `torch.func` transforms: the other engines raise
+            where their hand-written backward would be differentiated). `trace` is always eager,
             and so is `forward` under `torch.autocast` (bfloat16 or float16 mixed precision).
             May be changed on a built module by assigning ``ntm.engine``.
         device, dtype: of the parameters.

@@ -264,6 +264,7 @@ class _NativeSequence(torch.autograd.Function):
         return tuple(t.clone() for t in out)  # no output is a view of what backward keeps
 
     @staticmethod
+    @fast.first_order_only
     def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
         cfg, n = ctx.cfg, ctx.cfg.layers
         wp, *rest = ctx.saved_tensors
