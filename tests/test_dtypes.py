@@ -56,6 +56,34 @@ def test_autocast_runs_mixed_precision_on_each_engine(engine, dtype):
         assert grad.dtype == torch.float32 and torch.isfinite(grad).all(), name
 
 
+@pytest.mark.parametrize("cell", [False, True])
+def test_autocast_returns_a_state_of_one_dtype_that_every_engine_continues_from(cell):
+    """Under autocast a step leaves the weightings and reads in bfloat16 and the memory in
+    float32; the native engine met that state with a bare assertion. The state returned is in
+    the input's dtype throughout, so it continues on any engine, with autocast or without."""
+    from torch_ntm import NTMCell
+
+    torch.manual_seed(0)
+    x = torch.rand(5, 2, 6)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        if cell:
+            step = NTMCell(6, 5, controller_size=12, memory_size=9, memory_width=4, read_heads=2)
+            state = None
+            for x_t in x:
+                _, state = step(x_t, state)
+        else:
+            _, state = model("eager")(x)
+    assert {t.dtype for t in state.tensors().values()} == {torch.float32}
+    ntm = model("eager")
+    for engine in ("eager", "fast", "native"):
+        ntm.engine = engine
+        y, _ = ntm(x, state)
+        assert y.dtype == torch.float32 and torch.isfinite(y).all(), engine
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            y, _ = ntm(x, state)
+        assert y.dtype == torch.bfloat16, engine
+
+
 @pytest.mark.parametrize("engine", ENGINES)
 def test_float16_parameters_are_refused_with_the_alternatives(engine):
     ntm = model(engine, torch.float16)

@@ -457,6 +457,42 @@ def test_state_from_another_batch_size_is_rejected():
         ntm(torch.zeros(T, B, IN), state)
 
 
+def test_a_state_field_of_another_dtype_is_named():
+    """Only the memory's dtype was checked: reads of another dtype met the native engine's bare
+    assertion, or a matmul's dtype error."""
+    ntm, cell = build(NTM), build(NTMCell)
+    _, state = ntm(torch.zeros(T, B, IN))
+    bad = state._replace(reads=state.reads.double())
+    for engine in ("eager", "fast", "native"):
+        ntm.engine = engine
+        with pytest.raises(ValueError, match=r"state\.reads has dtype torch\.float64 .*state\.map"):
+            ntm(torch.zeros(T, B, IN), bad)
+    h, c = state.controller
+    with pytest.raises(ValueError, match=r"state\.controller\[1\] has dtype torch\.float64"):
+        cell(torch.zeros(B, IN), state._replace(controller=(h, c.double())))
+
+
+def test_detach_cuts_the_state_from_its_graph():
+    """Truncated backpropagation through time: the state's values carry on, its graph does not
+    (``NTMState(*(t.detach() for t in state))`` fails on the controller's tuple)."""
+    ntm = build(NTM)
+    x = torch.rand(2 * T, B, IN)
+    first, state = ntm(x[:T])
+    detached = state.detach()
+    assert all(t.requires_grad for t in state.tensors().values())
+    assert not any(t.requires_grad for t in detached.tensors().values())
+    for name, t in state.tensors().items():
+        assert torch.equal(detached.tensors()[name], t), name
+    second, _ = ntm(x[T:], detached)
+    second.sum().backward()  # reaches the parameters through the second chunk only
+    torch.testing.assert_close(second, ntm(x)[0][T:])
+
+
+def test_trace_refuses_what_is_not_a_tensor():
+    with pytest.raises(TypeError, match=r"NTM expects a tensor .* got ndarray"):
+        build(NTM).trace(torch.zeros(T, B, IN).numpy())
+
+
 def test_unknown_names_list_the_valid_choices():
     with pytest.raises(
         ValueError, match=r"unknown controller 'gru'; valid choices: feedforward, lstm"

@@ -41,6 +41,22 @@ class NTMState(NamedTuple):
     write_weights: Tensor
     reads: Tensor
 
+    def map(self, fn) -> NTMState:
+        """The state with ``fn`` applied to each of its tensors (the controller's too), e.g.
+        ``state.map(lambda t: t.to("cuda"))``."""
+        return NTMState(tuple(fn(t) for t in self.controller), *(fn(t) for t in self[1:]))
+
+    def detach(self) -> NTMState:
+        """The same values cut from the graph that made them: to carry a state into the next
+        chunk of a long sequence without backpropagating into the last (truncated
+        backpropagation through time)."""
+        return self.map(Tensor.detach)
+
+    def tensors(self) -> dict[str, Tensor]:
+        """Each tensor by name: ``controller[0]``, ..., ``memory``, ..., ``reads``."""
+        named = {f"controller[{i}]": t for i, t in enumerate(self.controller)}
+        return named | {name: getattr(self, name) for name in self._fields[1:]}
+
 
 class HeadField(NamedTuple):
     """One addressing parameter a head emits."""

@@ -378,12 +378,15 @@ class _NTMBase(nn.Module):
         elif not (isinstance(got, tuple) and not got):
             raise ValueError(f"state.controller must be () for a feed-forward controller; got "
                              f"{_shapes(got)}: was the state made for another controller?")
-        if state.memory.dtype != ref.dtype:
-            raise ValueError(f"state has dtype {state.memory.dtype} but the input {ref.dtype}")
-        if state.memory.device != ref.device:
-            raise ValueError(
-                f"state is on {state.memory.device} but the input is on {ref.device}"
-            )
+        for name, t in state.tensors().items():
+            if t.dtype != ref.dtype:
+                raise ValueError(f"state.{name} has dtype {t.dtype} but the input {ref.dtype}: "
+                                 f"pass a state of the input's dtype, e.g. "
+                                 f"state.map(lambda t: t.to({ref.dtype}))")
+            if t.device != ref.device:
+                raise ValueError(f"state.{name} is on {t.device} but the input is on "
+                                 f"{ref.device}: move it, e.g. state.map(lambda t: "
+                                 f"t.to('{ref.device}'))")
 
     def _step(self, x: Tensor, state: NTMState, record: bool = False):
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
@@ -434,7 +437,17 @@ def _cell_step(cell: nn.Module, x: object, state):
         state = cell.initial_state(x.shape[0], x.device, x.dtype)
     else:
         cell._check_state(state, x.shape[0], x)
-    return cell._step(x, state)
+    return _one_dtype(*cell._step(x, state), x)
+
+
+def _one_dtype(y: Tensor, state, x: Tensor):
+    """``(y, state)`` with the state in ``x``'s dtype throughout: under `torch.autocast` a step
+    leaves it mixed (the linear layers' outputs, so the weightings and reads, in the low
+    precision; the memory and LSTM cells in the parameters'), and a state passed back is
+    checked against the input's dtype."""
+    if torch.is_autocast_enabled(x.device.type) and isinstance(state, NTMState):
+        state = state.map(lambda t: t.to(x.dtype))
+    return y, state
 
 
 def _check_cell_input(cell: nn.Module, x: object) -> None:
@@ -558,6 +571,9 @@ class NTM(_NTMBase):
         if isinstance(x, PackedSequence):
             raise TypeError("NTM.trace takes a padded tensor, not a PackedSequence: unpack it "
                             "with torch.nn.utils.rnn.pad_packed_sequence")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"NTM expects a tensor of shape {self._layout}, got "
+                            f"{type(x).__name__}")
         if x.dim() != 3 or x.shape[2] != self.input_size:
             raise ValueError(
                 f"NTM expects input of shape {self._layout}, got {list(x.shape)}"
@@ -641,7 +657,7 @@ class NTM(_NTMBase):
         for x_t in x:
             y, state = self._step(x_t, state)
             outputs.append(y)
-        return self._finish(outputs), state
+        return _one_dtype(self._finish(outputs), state, x)
 
     def _forward_scan(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
