@@ -87,6 +87,27 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
     assert json.loads((run / "checkpoint.json").read_text())["sequences"] == 64
 
 
+def test_resuming_a_run_with_nothing_left_to_train_leaves_it_as_it_was(trained, tmp_path,
+                                                                     capsys):
+    """It wrote the resumed config (here an lr that never ran) into config.json, and a new
+    TensorBoard file, and said it had converged after 0 s."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    before = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    sequences = json.loads((run / "checkpoint.json").read_text())["sequences"]
+    capsys.readouterr()
+    assert main(["train", "copy", "--resume", str(run), "--set", f"max_sequences={sequences}",
+                 "--set", "lr=0.1", "--no-plots", "--no-progress"]) == 0
+    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("nothing to")]
+    assert line.startswith(f"nothing to train: its budget is spent (max_sequences={sequences}")
+    assert line.endswith(f"--set init_from={run} --out NEW_DIR")
+    after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}
+    assert after.keys() - {".lock"} == before.keys() - {".lock"}
+    assert all(after[k] == before[k] for k in before if k.name != ".lock")
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "copy", "--set", "colour=red"],
      "ntm: error: --set colour: unknown key; valid keys:"),
@@ -106,6 +127,8 @@ def test_resume_through_the_cli(trained, tmp_path, capsys):
     (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
     (["bench", "--seq-len", "0"], "ntm: error: --seq-len must be >= 1, got 0"),
     (["bench", "--steps", "0"], "ntm: error: --steps must be >= 1, got 0"),
+    (["bench", "--memory-size", "2", "--engines", "eager"],
+     "ntm: error: --memory-size 2: shift_range=1 needs"),
     (["train", "copy", "--set", "task.min_length=30"],
      "ntm: error: the task cannot be built from this config: CopyTask: min_length=30 must be"),
 ])

@@ -230,9 +230,22 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     if not main_process:
         return 0
     wall = time.perf_counter() - started
-    status = "converged" if result.converged else "stopped (budget)"
-    print(f"{status} after {result.sequences} sequences, {result.step} steps, "
-          f"{wall:.1f} s wall this session ({result.elapsed_s:.1f} s training in total)")
+    if not result.trained:
+        if result.converged:
+            why = (f"it has converged (stop_bit_errors={config.stop_bit_errors}, "
+                   f"patience_evals={config.patience_evals})")
+            more = "--set stop_bit_errors=-1 (or a larger patience_evals)"
+        else:
+            why = (f"its budget is spent (max_sequences={config.max_sequences}, "
+                   f"max_seconds={config.max_seconds})")
+            more = "a larger --set max_sequences (or max_seconds)"
+        print(f"nothing to train: {why}, at {result.sequences} sequences; {run_dir} is left as "
+              f"it was. To train on, resume with {more}, or start a new run from its weights "
+              f"with --set init_from={run_dir} --out NEW_DIR")
+    else:
+        status = "converged" if result.converged else "stopped (budget)"
+        print(f"{status} after {result.sequences} sequences, {result.step} steps, "
+              f"{wall:.1f} s wall this session ({result.elapsed_s:.1f} s training in total)")
     print("last validation: " + _metrics_line(result.metrics))
     ckpt = load_checkpoint(run_dir)
     kept = ckpt.best_metrics
@@ -484,6 +497,13 @@ def _cmd_bench(args) -> int:
     if args.batch_size:
         kwargs["batch_sizes"] = tuple(args.batch_size)
     if args.memory_size:
+        from torch_ntm import NTM
+
+        for rows in args.memory_size:  # the bench's copy model with these rows, before any timing
+            try:
+                NTM(9, 9, memory_size=rows, device="meta")
+            except ValueError as e:
+                raise ConfigError(f"--memory-size {rows}: {e}") from None
         kwargs["memory_sizes"] = tuple(args.memory_size)
     if args.steps is not None:
         kwargs["steps"] = args.steps

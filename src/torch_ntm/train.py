@@ -57,6 +57,9 @@ class TrainResult:
     elapsed_s: float
     metrics: dict  # last validation (after a rollback: the restored best's)
     nan_steps: int
+    # False when a resumed run had nothing left to train (it had converged, or its budget was
+    # spent, under the resumed config): its directory is then left as it was.
+    trained: bool = True
 
 
 class Interrupted(KeyboardInterrupt):
@@ -385,7 +388,11 @@ class _Run:
         elif config.curriculum_start < self.task.train_size:
             self.state.curriculum_size = config.curriculum_start
         self.log = None
-        if self.world.main:
+        # Nothing left to train: the directory keeps the config that trained it (and no new
+        # log), rather than one that never ran.
+        self.idle = resume and (self.converged or self.state.sequences >= config.max_sequences
+                                or 0 < config.max_seconds <= self.state.elapsed_s)
+        if self.world.main and not self.idle:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.log = MetricsLog(run_dir, self.state.step if resume else None,  # checks it
                                   extra_fields=self.task.extra_metrics)
@@ -655,4 +662,4 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
         bar.close()
         run.close()
     return TrainResult(run_dir, run.converged, state.step, state.sequences, state.elapsed_s,
-                       state.metrics, state.nan_steps)
+                       state.metrics, state.nan_steps, trained=not run.idle)
