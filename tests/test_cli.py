@@ -108,6 +108,19 @@ def test_resuming_a_run_with_nothing_left_to_train_leaves_it_as_it_was(trained, 
     assert all(after[k] == before[k] for k in before if k.name != ".lock")
 
 
+def test_an_absent_device_is_refused_before_a_run_directory_is_made(tmp_path, capsys):
+    """It printed the config, then the error, and left a directory holding only its lock."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "run"
+    assert main(["train", "copy", "--out", str(out), "--set", "device=cuda"]) == 2
+    captured = capsys.readouterr()
+    assert captured.err.startswith("ntm: error: device 'cuda': CUDA is not available")
+    assert captured.out == "" and not out.exists()
+
+
 @pytest.mark.parametrize("argv, message", [
     (["train", "copy", "--set", "colour=red"],
      "ntm: error: --set colour: unknown key; valid keys:"),
@@ -124,6 +137,8 @@ def test_resuming_a_run_with_nothing_left_to_train_leaves_it_as_it_was(trained, 
     (["train", "copy", "--set", "shift_range=100"],
      "ntm: error: the model cannot be built from this config: shift_range=100 needs"),
     (["train", "copy", "--set", "device=tpu"], "ntm: error: device 'tpu' is not a valid torch"),
+    (["train", "copy", "--set", "device=cpu:5"], "ntm: error: device 'cpu:5': the CPU has no "
+     "index 5; use cpu"),
     (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
     (["bench", "--seq-len", "0"], "ntm: error: --seq-len must be >= 1, got 0"),
     (["bench", "--steps", "0"], "ntm: error: --steps must be >= 1, got 0"),

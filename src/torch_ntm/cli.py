@@ -148,7 +148,8 @@ def _cmd_train(args) -> int:
     import contextlib
 
     from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
-    from torch_ntm.config import ConfigError, apply_overrides, check_resume, resolve_config
+    from torch_ntm.config import (ConfigError, apply_overrides, check_resume, resolve_config,
+                                  resolve_device)
     from torch_ntm.factories import build_model, build_task
     from torch_ntm.train import is_main_process, load_initial_weights
 
@@ -172,6 +173,7 @@ def _cmd_train(args) -> int:
         run_dir = Path(args.out or _default_run_dir(args.task))
         if main_process:  # the other ranks would see its files appear
             run_dir = _new_run_dir(args.out, args.task, args.overwrite)
+    resolve_device(config.device)  # before a run directory exists for it
     # Everything is checked: from here on this process owns the run directory.
     stack = contextlib.ExitStack()
     if main_process:

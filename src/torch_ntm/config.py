@@ -681,4 +681,11 @@ def resolve_device(name: str):
         raise ConfigError(f"device {name!r}: CUDA is not available on this machine; use cpu")
     if device.type not in ("cpu", "cuda"):
         raise ConfigError(f"device {name!r}: only cpu and cuda are supported")
+    if device.type == "cpu" and device.index not in (None, 0):
+        raise ConfigError(f"device {name!r}: the CPU has no index {device.index}; use cpu")
+    if device.type == "cuda" and device.index is not None:
+        count = torch.cuda.device_count()
+        if device.index >= count:
+            raise ConfigError(f"device {name!r}: this machine has {count} CUDA device(s), "
+                              f"cuda:0 to cuda:{count - 1}")
     return device
