@@ -142,16 +142,35 @@ def test_an_absent_device_is_refused_before_a_run_directory_is_made(tmp_path, ca
     (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
     (["bench", "--seq-len", "0"], "ntm: error: --seq-len must be >= 1, got 0"),
     (["bench", "--steps", "0"], "ntm: error: --steps must be >= 1, got 0"),
+    (["evaluate", "WEIGHTS"], "ntm: error: WEIGHTS: a weights file; pass its run directory "
+     "(RUN) or the checkpoint.json"),
     (["bench", "--memory-size", "2", "--engines", "eager"],
      "ntm: error: --memory-size 2: shift_range=1 needs"),
     (["train", "copy", "--set", "task.min_length=30"],
      "ntm: error: the task cannot be built from this config: CopyTask: min_length=30 must be"),
 ])
-def test_user_mistakes_end_in_one_clear_line(argv, message, capsys):
+def test_user_mistakes_end_in_one_clear_line(argv, message, capsys, trained, tmp_path,
+                                              monkeypatch):
+    monkeypatch.chdir(tmp_path)  # a mistake let through would train into runs/ here, not the repo's
+    (weights,) = trained.glob("weights-*.safetensors")
+    names = {"WEIGHTS": str(weights), "RUN": str(trained)}
+    argv = [names.get(a, a) for a in argv]
+    for name, value in names.items():
+        message = message.replace(name, value)
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.startswith(message)
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_an_unknown_option_shows_its_command_usage(capsys):
+    """It showed the top level's usage (``usage: ntm [-h] COMMAND ...``)."""
+    with pytest.raises(SystemExit) as exit:
+        main(["train", "copy", "--bogus"])
+    assert exit.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ntm train ")
+    assert "ntm train: error: unrecognized arguments: --bogus" in err
 
 
 def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):

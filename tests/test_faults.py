@@ -585,9 +585,25 @@ def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
 
     ntm = NTM(5, 4, controller_size=8, memory_size=8, memory_width=4, engine=engine)
     x = torch.zeros(3, 2, 5, dtype=getattr(torch, dtype))
-    expected = f"expects input of dtype torch.float32 .*got torch.{dtype}"
-    with pytest.raises(ValueError, match=expected):
+    expected = f"expects input of dtype torch.float32 .*got torch.{dtype}; convert with "
+    with pytest.raises(ValueError, match=expected) as error:
         ntm(x)  # the compiled engine would compile first: the check comes before any engine
+    # converting the model is advice only towards another float (not .to(torch.int64))
+    assert ("or the model with" in str(error.value)) == (dtype != "int64")
+
+
+@pytest.mark.parametrize("cell", [False, True])
+def test_a_batch_of_zero_is_named(cell):
+    """It met initial_state's "batch_size must be an integer >= 1, got 0": an argument the
+    caller never passed."""
+    import torch
+
+    from torch_ntm import NTM, NTMCell
+
+    model = (NTMCell if cell else NTM)(5, 4, controller_size=8, memory_size=8, memory_width=4)
+    x = torch.zeros(0, 5) if cell else torch.zeros(3, 0, 5)
+    with pytest.raises(ValueError, match=r"NTM(Cell)? got a batch of 0"):
+        model(x)
 
 
 @pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16"])

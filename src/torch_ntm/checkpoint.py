@@ -279,6 +279,9 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     if not path.exists():
         raise CheckpointError(f"{path}: no such checkpoint (expected a run directory or a "
                               f"{CHECKPOINT_JSON} file)")
+    if path.suffix == ".safetensors":  # the weights alone: their shapes do not say the model
+        raise CheckpointError(f"{path}: a weights file; pass its run directory ({path.parent}) "
+                              f"or the {CHECKPOINT_JSON} beside it, which says the model")
     return path
 
 

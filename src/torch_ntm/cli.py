@@ -43,6 +43,7 @@ def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="ntm", description="Neural Turing Machines: train, evaluate, plot, benchmark.")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    parser.commands = sub.choices  # each command's parser, by name
 
     p = sub.add_parser("train", help="train a model on a task")
     p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
@@ -148,8 +149,13 @@ def _cmd_train(args) -> int:
     import contextlib
 
     from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
-    from torch_ntm.config import (ConfigError, apply_overrides, check_resume, resolve_config,
-                                  resolve_device)
+    from torch_ntm.config import (
+        ConfigError,
+        apply_overrides,
+        check_resume,
+        resolve_config,
+        resolve_device,
+    )
     from torch_ntm.factories import build_model, build_task
     from torch_ntm.train import is_main_process, load_initial_weights
 
@@ -527,7 +533,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch_ntm.native import keep_freed_memory
     from torch_ntm.train import Interrupted
 
-    args = _parser().parse_args(argv)
+    parser = _parser()
+    args, unknown = parser.parse_known_args(argv)
+    if unknown:  # the command's own usage, not the top level's
+        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
     keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.9x training)
     try:
         return _COMMANDS[args.command](args)

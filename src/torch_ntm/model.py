@@ -342,11 +342,11 @@ class _NTMBase(nn.Module):
                 f"bfloat16 parameters, or float32 ones under torch.autocast(dtype=torch.float16)"
             )
         if x.dtype != self.reads0.dtype:
-            raise ValueError(
-                f"{type(self).__name__} expects input of dtype {self.reads0.dtype} (its "
-                f"parameters'), got {x.dtype}; convert with x.to({self.reads0.dtype}) or the "
-                f"model with .to({x.dtype})"
-            )
+            fix = f"convert with x.to({self.reads0.dtype})"
+            if x.dtype.is_floating_point:
+                fix += f" or the model with .to({x.dtype})"
+            raise ValueError(f"{type(self).__name__} expects input of dtype {self.reads0.dtype} "
+                             f"(its parameters'), got {x.dtype}; {fix}")
 
     def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, NTMState):
@@ -461,6 +461,8 @@ def _check_cell_input(cell: nn.Module, x: object) -> None:
         raise ValueError(f"{name} expects input of shape {shape}, got {list(x.shape)}; for a "
                          f"sequence [time, batch, {cell.input_size}] use "
                          f"{name.removesuffix('Cell')}")
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} got a batch of 0 inputs")
 
 
 class NTMCell(_NTMBase):
@@ -582,6 +584,8 @@ class NTM(_NTMBase):
             x = x.transpose(0, 1)
         if x.shape[0] == 0:
             raise ValueError("NTM got an input sequence of length 0")
+        if x.shape[1] == 0:
+            raise ValueError("NTM got a batch of 0 sequences")
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
@@ -647,6 +651,7 @@ class NTM(_NTMBase):
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
         # hand-written backward take one dtype (the parameters'), not autocast's mix.
         if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
+            self._check_dtype(x)  # before the native engine says what it runs as for this dtype
             engine = runs_as(x) if self.engine == "native" else self.engine
             if engine == "native":
                 return native_forward(self, x, state)
