@@ -42,3 +42,20 @@ def test_exported_batch_first_ntm_takes_a_state_and_carries_it_on():
         "x": {1: Dim("T")}, "state": tree_map(lambda _: None, state)})
     for steps in (11, 3):
         _check_agrees(program, model, torch.rand(2, steps, 9, dtype=torch.float64), state)
+
+
+def test_a_program_exported_with_a_state_takes_one_of_another_batch_size():
+    """What the README says to pass for a state at batch sizes other than the traced one: the
+    batch dimension named in an `NTMState` of dynamic shapes (dim 1 of the LSTM's h and c)."""
+    from torch_ntm import NTMState
+
+    torch.manual_seed(2)
+    model = NTM(9, 8, memory_size=16, dtype=torch.float64).eval()
+    x = torch.rand(5, 3, 9, dtype=torch.float64)
+    _, state = model(x)
+    batch = Dim("B")
+    shapes = NTMState(({1: batch}, {1: batch}), {0: batch}, {0: batch}, {0: batch}, {0: batch})
+    program = torch.export.export(model, (x, state),
+                                  dynamic_shapes={"x": {0: Dim("T"), 1: batch}, "state": shapes})
+    _, other = model(torch.rand(2, 4, 9, dtype=torch.float64))
+    _check_agrees(program, model, torch.rand(7, 4, 9, dtype=torch.float64), other)
