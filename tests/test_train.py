@@ -366,9 +366,12 @@ def test_init_from_that_does_not_fit_is_refused_before_a_run_directory_is_made(t
     tiny = [*ROLLBACK_TINY, "max_sequences=2"]
     train(resolve_config("copy", overrides=tiny), tmp_path / "a", progress=False)
     sets = [a for o in tiny for a in ("--set", o)]
+    size = resolve_config("copy", overrides=tiny).controller_size
     cases = [
         (["--set", "controller_size=9", "--set", f"init_from={tmp_path / 'a'}"],
          f"{tmp_path / 'a'}/checkpoint.json: weights do not fit this model configuration"),
+        (["--set", "controller_size=9", "--set", f"init_from={tmp_path / 'a'}"],  # and why
+         f"has controller_size={size} (here 9): set those to its values"),
         (["--set", f"init_from={tmp_path / 'none'}"], "no such checkpoint"),
         (["--set", "init_from=pretrained:nothing"], "unknown pretrained model 'nothing'"),
     ]

@@ -290,7 +290,26 @@ def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
 
         source = pretrained.path(source.removeprefix("pretrained:"))
     ckpt = load_checkpoint(source)
-    ckpt.load_weights_into(model, ckpt.kept_weights())
+    try:
+        ckpt.load_weights_into(model, ckpt.kept_weights())
+    except CheckpointError as e:  # say which settings make the difference, not only a shape
+        differ = _model_differences(ckpt.config, config)
+        if not differ:
+            raise
+        raise CheckpointError(f"{e}; init_from {config.init_from} has {differ}: set those to "
+                              f"its values to start from its weights") from None
+
+
+def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
+    """The model's constructor arguments in which two configs differ, as "KEY=THEIRS (here
+    OURS)", but for those no weight depends on (memory rows, engine); empty if none."""
+    from torch_ntm.factories import model_config
+
+    skip = {"memory_size", "engine"}
+    a = model_config(theirs, build_task(theirs))
+    b = model_config(ours, build_task(ours))
+    keys = [k for k in {**a, **b} if k not in skip and a.get(k) != b.get(k)]
+    return ", ".join(f"{k}={a.get(k)!r} (here {b.get(k)!r})" for k in keys)
 
 
 class _Running(NamedTuple):
