@@ -1,4 +1,4 @@
-"""The README's per-seed table of `ntm train copy --seed S` (its section "Copy: time to solve").
+r"""The README's per-seed table of `ntm train copy --seed S` (its section "Copy: time to solve").
 
     for s in 0 1 2 3 4; do
       TORCH_EXTENSIONS_DIR=$(mktemp -d) /usr/bin/time -f "%e s wall" \
@@ -17,7 +17,6 @@ table, each model's L = 120 score over ten sets of 100 that no validation saw (s
 """
 
 import re
-import sys
 from pathlib import Path
 
 import torch
@@ -56,4 +55,10 @@ def main(runs: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:])
+    import argparse
+
+    parser = argparse.ArgumentParser(description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", metavar="RUN",
+                        help="run directories, one per seed, each with RUN.log beside it")
+    main(parser.parse_args().runs)

@@ -159,3 +159,14 @@ def test_heads_bench_times_the_library_heads():
     assert all(int(f) > 0 and int(b) > 0 for _, f, b, _ in rows)
     # kept per sequence and step: the memory (64 x 20) and two heads' cosines (2 x 64), float32
     assert [float(r[3]) for r in rows] == [round(4 * b * 1408 * 4 / 1e6, 2) for b in (1, 3)]
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in SCRIPTS.glob("*.py")
+                                          if not p.name.startswith("_")))
+def test_every_script_answers_help_with_its_usage(script):
+    """copy_seed_table.py read ``--help.log`` and, given nothing, printed an empty table."""
+    assert _run(script, "--help").startswith(f"usage: {script} ")
+    if script == "copy_seed_table.py":
+        result = _call(script)
+        assert result.returncode == 2 and "the following arguments are required: RUN" in \
+            result.stderr
