@@ -112,7 +112,9 @@ class TrainConfig(NTMOptions):
     curriculum_bit_errors: float = 0.5
     # Budget and stopping.
     max_sequences: int = 2_000_000
-    max_seconds: float = 0.0  # wall-clock budget; 0 means none
+    # Wall-clock budget of training, checked between steps (so a first step that compiles, as
+    # the compiled engine's do for a minute or two, runs past a smaller one); 0 means none.
+    max_seconds: float = 0.0
     eval_every: int = 500  # optimizer steps between validations and checkpoints
     eval_sequences: int = 256  # fixed validation set drawn from the training distribution
     # Generalisation: task sizes beyond training (copy: lengths) validated too, with
