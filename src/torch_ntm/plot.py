@@ -197,7 +197,11 @@ def plot_generalisation(rows: list[dict], size_name: str, train_size: int, path:
     plt = _pyplot()
     sizes = [r[size_name] for r in rows]
     fig, ax = plt.subplots(figsize=(6, 4), layout="constrained")
-    ax.plot(sizes, [r["bit_errors"] for r in rows], "o-", label="bit errors per sequence")
+    errors = [r["bit_errors"] for r in rows]
+    ax.plot(sizes, errors, "o-", label="bit errors per sequence")
+    # At least 0-1 bits (none at all is not a scale of +-0.04), zero level with the right axis's
+    top = max(1.0, max(errors, default=0.0))
+    ax.set_ylim(-0.05 * top, 1.05 * top)
     ax2 = ax.twinx()
     ax2.plot(sizes, [r["perfect"] for r in rows], "s--", color="tab:green",
              label="perfect sequences (fraction)")
@@ -208,7 +212,9 @@ def plot_generalisation(rows: list[dict], size_name: str, train_size: int, path:
     ax2.set_ylabel("perfect fraction")
     lines = ax.get_legend_handles_labels()
     lines2 = ax2.get_legend_handles_labels()
-    ax.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, loc="upper left")
+    # below the axes, where no line runs
+    fig.legend(lines[0] + lines2[0], lines[1] + lines2[1], fontsize=8, ncols=2,
+               loc="outside lower center")
     ax.grid(alpha=0.3)
     return _save(fig, path)
 
