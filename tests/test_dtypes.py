@@ -56,7 +56,7 @@ def test_autocast_runs_mixed_precision_on_each_engine(engine, dtype):
         assert grad.dtype == torch.float32 and torch.isfinite(grad).all(), name
 
 
-@pytest.mark.parametrize("cell", [False, True])
+@pytest.mark.parametrize("cell", [False, True, "trace"])
 def test_autocast_returns_a_state_of_one_dtype_that_every_engine_continues_from(cell):
     """Under autocast a step leaves the weightings and reads in bfloat16 and the memory in
     float32; the native engine met that state with a bare assertion. The state returned is in
@@ -66,7 +66,9 @@ def test_autocast_returns_a_state_of_one_dtype_that_every_engine_continues_from(
     torch.manual_seed(0)
     x = torch.rand(5, 2, 6)
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        if cell:
+        if cell == "trace":
+            _, state, _ = model("eager").trace(x)
+        elif cell:
             step = NTMCell(6, 5, controller_size=12, memory_size=9, memory_width=4, read_heads=2)
             state = None
             for x_t in x:

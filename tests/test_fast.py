@@ -280,8 +280,34 @@ def test_a_second_derivative_raises_naming_the_eager_engine(engine):
         torch.autograd.grad(grad.sum(), x)  # double backward
     x = x0.clone().requires_grad_()
     (grad,) = torch.autograd.grad(model(x)[0].sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match="first derivatives only"):
+    with pytest.raises(RuntimeError, match='engine="eager"'):
         grad.pow(2).sum().backward()  # a gradient penalty on the parameters
+
+
+def test_second_derivatives_only_through_the_incoming_gradients_stay_exact_on_fast():
+    """The fast engine's backward, recorded under create_graph=True, is linear in the gradients
+    it receives, and those derivatives were right before the guard: a Jacobian-vector product by
+    double backward, and a penalty differentiated only through a layer after the NTM. They
+    still are (against the eager loop); the native engine, whose backward autograd cannot
+    record, raises for them instead of returning zeros."""
+    from torch_ntm import native
+
+    reference, model, x0 = _second_derivative_parts("fast")
+    head = torch.nn.Linear(8, 1, dtype=torch.float64)
+    direction = torch.randn_like(x0)
+
+    def both(ntm):
+        jvp = torch.autograd.functional.jvp(lambda x: ntm(x)[0], x0, direction)[1]
+        x = x0.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(head(ntm(x)[0]).sum(), x, create_graph=True)
+        return jvp, torch.autograd.grad(grad.pow(2).sum(), head.weight)[0]
+
+    for got, want in zip(both(model), both(reference)):
+        torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-12)
+    if native.available():
+        model.engine = "native"
+        with pytest.raises(RuntimeError, match="'native' engine computes first derivatives only"):
+            both(model)
 
 
 def test_the_eager_engine_gives_second_derivatives():

@@ -483,13 +483,13 @@ def _run_forward(steps: _Steps, xpre, weights, biases, wp, bp, state, keep: bool
 
 
 class _FirstOrderOnly(torch.autograd.Function):
-    """The identity on the gradients a hand-written backward returns when autograd asked for a
-    graph of them (``create_graph=True``), whose own backward raises: the hand-written backward
-    treats what it saved as constants, so differentiating its result again would give a wrong
-    second derivative without a word (torch's ``once_differentiable`` raises too, with a message
-    that does not name the fix). The inputs before the last ``count`` only link the results into
-    the graph: the incoming gradients that require grad, and a leaf that does, so that the
-    results always do."""
+    """The identity on the gradients a backward that autograd cannot record (the native engine's
+    C++ call) returns when autograd asked for a graph of them (``create_graph=True``), whose own
+    backward raises: differentiating them again would give a wrong second derivative, or zeros,
+    without a word (torch's ``once_differentiable`` raises too, with a message that does not
+    name the fix). The inputs before the last ``count`` only link the results into the graph:
+    the incoming gradients that require grad, and a leaf that does, so that the results always
+    do."""
 
     @staticmethod
     def forward(ctx, count: int, *tensors: Tensor):
@@ -498,16 +498,49 @@ class _FirstOrderOnly(torch.autograd.Function):
     @staticmethod
     def backward(ctx, *grads):
         raise RuntimeError(
-            "the NTM's 'fast', 'native' and 'compiled' engines compute first derivatives only "
-            "(their backward is written by hand): a second derivative (create_graph=True: double "
-            "backward, a gradient penalty, a Hessian-vector product) needs NTM(..., "
-            "engine=\"eager\") (or model.engine = \"eager\")")
+            "the NTM's 'native' engine computes first derivatives only (its backward is one C++ "
+            "call): a second derivative (create_graph=True: double backward, a gradient penalty, "
+            "a Hessian-vector product) needs NTM(..., engine=\"eager\") (or model.engine = "
+            "\"eager\")")
+
+
+class _SavedAsConstants(torch.autograd.Function):
+    """A -0.0 (adding it changes no value, not even a zero's sign) that depends on a hand-written
+    backward's forward inputs, and whose backward raises: `_guard`."""
+
+    @staticmethod
+    def forward(ctx, like: Tensor, *inputs: Tensor):
+        return like.new_full((), -0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(
+            "the NTM's 'fast' and 'compiled' engines' backward is written by hand and treats the "
+            "forward's values as constants: a second derivative with respect to the NTM's "
+            "parameters or inputs (double backward, a gradient penalty on them, a Hessian) "
+            "needs NTM(..., engine=\"eager\") (or model.engine = \"eager\")")
+
+
+def _guard(grads: tuple, inputs: tuple, like: Tensor) -> tuple:
+    """The fast engine's hand-written backward, recorded by autograd under ``create_graph=True``,
+    is exact in the gradients it receives (it is linear in them: a Jacobian-vector product by
+    double backward, or a penalty differentiated only through the layers after the NTM, comes
+    out right) but not in the forward's inputs and parameters, which it reads as constants. So
+    each gradient gets a -0.0 that depends on those inputs and raises when differentiated: a
+    second derivative through them raises instead of being silently wrong (a gradient penalty
+    was 12% off), and one that needs only the linear part never reaches it."""
+    needing = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
+    if not torch.is_grad_enabled() or not needing:
+        return grads
+    zero = _SavedAsConstants.apply(like, *needing)
+    return tuple(g if g is None else g + zero for g in grads)
 
 
 def first_order_only(backward):
-    """Decorates an `autograd.Function`'s hand-written ``backward``: it runs without recording a
-    graph, and where autograd records one (``create_graph=True``) its results come through
-    `_FirstOrderOnly`, so that differentiating them raises instead of being silently wrong."""
+    """Decorates an `autograd.Function`'s ``backward`` that autograd cannot record: it runs
+    without a graph, and where autograd asks for one (``create_graph=True``) its results come
+    through `_FirstOrderOnly`, so that differentiating them raises instead of being silently
+    wrong."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
@@ -540,6 +573,7 @@ class _Sequence(torch.autograd.Function):
     def forward(ctx, steps: _Steps, xpre, wp, bp, memory, msq, w_read, w_write, reads, *rest):
         cfg = steps.cfg
         n = cfg.layers
+        inputs = (xpre, wp, bp, memory, msq, w_read, w_write, reads, *rest)  # for `_guard`
         # Detached and contiguous (the learned initial state is expanded over the batch), so
         # that the first step sees the same kind of tensors as the others: one compiled graph.
         xpre, wp, bp, memory, msq, w_read, w_write, reads = (
@@ -555,7 +589,7 @@ class _Sequence(torch.autograd.Function):
         )
         ctx.set_materialize_grads(False)
         ctx.steps, ctx.states, ctx.saved = steps, states, saved
-        ctx.save_for_backward(hs, wp, *weights)
+        ctx.save_for_backward(hs, wp, *weights, *inputs)
         last = states[-1]
         # Clone what is also kept for backward, so that no output is referenced by its own node.
         out = [hs, all_reads, last.memory.clone(), last.w_read.clone(), last.w_write.clone()]
@@ -564,11 +598,11 @@ class _Sequence(torch.autograd.Function):
         return tuple(out)
 
     @staticmethod
-    @first_order_only
     def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
         steps, states, saved = ctx.steps, ctx.states, ctx.saved
         cfg = steps.cfg
-        hs, wp, *weights = ctx.saved_tensors
+        hs, wp, *rest = ctx.saved_tensors
+        weights, inputs = rest[: cfg.layers], rest[cfg.layers :]
         last = states[-1]
 
         def grad_or_zeros(grad, like):  # contiguous, so that every step runs the same graph
@@ -622,10 +656,8 @@ class _Sequence(torch.autograd.Function):
             else:
                 dbiases.append(dpre.sum((0, 1)))
         dh0, dc0, dmem0, dmsq0, dwr0, dww0, dreads0 = grads
-        return (
-            None, dxpre, dwp, dbp, dmem0, dmsq0, dwr0, dww0, dreads0,
-            *dweights, *dbiases, *dh0, *dc0,
-        )  # fmt: skip
+        out = (dxpre, dwp, dbp, dmem0, dmsq0, dwr0, dww0, dreads0, *dweights, *dbiases, *dh0, *dc0)
+        return None, *_guard(out, inputs, hs)
 
 
 # ------------------------------------------------------------------------------------------------

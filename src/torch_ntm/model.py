@@ -523,7 +523,8 @@ class NTM(_NTMBase):
             float32/float64; elsewhere it runs as ``"compiled"`` on a GPU and ``"fast"``
             otherwise, saying so); ``"eager"`` loops over the step with plain autograd
             (needed for double backward and `torch.func` transforms: the other engines raise
-            where their hand-written backward would be differentiated). `trace` is always eager,
+            on a second derivative through the NTM's parameters or inputs, which their
+            hand-written backward would get wrong). `trace` is always eager,
             and so is `forward` under `torch.autocast` (bfloat16 or float16 mixed precision).
             May be changed on a built module by assigning ``ntm.engine``.
         device, dtype: of the parameters.
@@ -699,4 +700,5 @@ class NTM(_NTMBase):
             rows.append((state.read_weights, state.write_weights, wp.erase, wp.add, state.memory,
                          rp.beta[..., 0], rp.gamma[..., 0], wp.beta[..., 0], wp.gamma[..., 0]))
         trace = NTMTrace(*(torch.stack(col) for col in zip(*rows)))
-        return self._finish(outputs), state, trace
+        y, state = _one_dtype(self._finish(outputs), state, x)
+        return y, state, trace
