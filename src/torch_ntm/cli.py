@@ -249,7 +249,8 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
             more = "a larger --set max_sequences (or max_seconds)"
         print(f"nothing to train: {why}, at {result.sequences} sequences; {run_dir} is left as "
               f"it was. To train on, resume with {more}, or start a new run from its weights "
-              f"with --set init_from={run_dir} --out NEW_DIR")
+              f"with --set init_from={run_dir} --out NEW_DIR (and its --preset and model "
+              f"settings: {run_dir / 'config.json'})")
     else:
         status = "converged" if result.converged else "stopped (budget)"
         print(f"{status} after {result.sequences} sequences, {result.step} steps, "
@@ -261,7 +262,7 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
         print("kept weights (the best validation; below and in ntm evaluate): "
               + _metrics_line(kept))
     _print_generalisation(ckpt)
-    if not args.no_plots:
+    if not args.no_plots and result.trained:  # an idle resume leaves the directory as it was
         from torch_ntm.plot import plot_run
 
         paths = plot_run(run_dir)
