@@ -301,15 +301,39 @@ def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
 
 
 def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
-    """The model's constructor arguments in which two configs differ, as "KEY=THEIRS (here
-    OURS)", but for those no weight depends on (memory rows, engine); empty if none."""
-    from torch_ntm.factories import model_config
+    """The settings (config keys, ``task.KEY`` for the task's) in which ``theirs`` differs from
+    ``ours`` such that the weights' names or shapes change, as "KEY=THEIRS (here OURS)": each
+    differing key is tried alone on ``ours``, its model built on the meta device; empty if none
+    matters alone."""
+    import dataclasses
 
-    skip = {"memory_size", "engine"}
-    a = model_config(theirs, build_task(theirs))
-    b = model_config(ours, build_task(ours))
-    keys = [k for k in {**a, **b} if k not in skip and a.get(k) != b.get(k)]
-    return ", ".join(f"{k}={a.get(k)!r} (here {b.get(k)!r})" for k in keys)
+    def signature(config: TrainConfig):
+        model = build_model(config, build_task(config), device="meta")
+        return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+    def matters(changed: TrainConfig) -> bool:
+        try:
+            return signature(changed) != here
+        except (ConfigError, ValueError, TypeError):  # not buildable alone: it matters
+            return True
+
+    here = signature(ours)
+    found = []
+    for f in dataclasses.fields(ours):
+        name, mine, other = f.name, getattr(ours, f.name), getattr(theirs, f.name)
+        if name == "task" and mine != other:  # its inputs and outputs: not a key to set
+            found.append(f"task {other!r} (here {mine!r})")
+        if name in ("init_from", "task_params", "task") or mine == other:
+            continue
+        if matters(dataclasses.replace(ours, **{name: other})):
+            found.append(f"{name}={other!r} (here {mine!r})")
+    if type(theirs.task_params) is type(ours.task_params):
+        for f in dataclasses.fields(ours.task_params):
+            mine, other = getattr(ours.task_params, f.name), getattr(theirs.task_params, f.name)
+            task = dataclasses.replace(ours.task_params, **{f.name: other})
+            if mine != other and matters(dataclasses.replace(ours, task_params=task)):
+                found.append(f"task.{f.name}={other!r} (here {mine!r})")
+    return ", ".join(found)
 
 
 class _Running(NamedTuple):
