@@ -373,8 +373,8 @@ def test_init_from_that_does_not_fit_is_refused_before_a_run_directory_is_made(t
         (["--set", "controller_size=9", "--set", f"init_from={tmp_path / 'a'}"],  # and why
          f"has controller_size={size} (here 9): set those to its values"),
         # only what changes the weights: not max_beta, and the task's keys as task.KEY
-        (["--set", "max_beta=5", "--set", "task.width=3", "--set", f"init_from={tmp_path / 'a'}"],
-         f"has task.width={resolve_config('copy', overrides=tiny).task_params.width} (here 3): "
+        (["--set", "max_beta=5", "--set", "task.width=5", "--set", f"init_from={tmp_path / 'a'}"],
+         f"has task.width={resolve_config('copy', overrides=tiny).task_params.width} (here 5): "
          f"set those"),
         (["--set", f"init_from={tmp_path / 'none'}"], "no such checkpoint"),
         (["--set", "init_from=pretrained:nothing"], "unknown pretrained model 'nothing'"),
