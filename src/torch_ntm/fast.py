@@ -532,7 +532,7 @@ def _guard(grads: tuple, inputs: tuple, like: Tensor) -> tuple:
     needing = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
     if not torch.is_grad_enabled() or not needing:
         return grads
-    zero = _SavedAsConstants.apply(like, *needing)
+    zero = _SavedAsConstants.apply(like.detach(), *needing)  # like: its dtype and device only
     return tuple(g if g is None else g + zero for g in grads)
 
 
