@@ -171,6 +171,11 @@ def test_an_unknown_option_shows_its_command_usage(capsys):
     err = capsys.readouterr().err
     assert err.startswith("usage: ntm train ")
     assert "ntm train: error: unrecognized arguments: --bogus" in err
+    with pytest.raises(SystemExit):  # a command with actions: the action's usage
+        main(["pretrained", "export", "RUN", "NAME", "--bogus"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ntm pretrained export ")
+    assert "ntm pretrained export: error: unrecognized arguments: --bogus" in err
 
 
 def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):

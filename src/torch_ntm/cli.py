@@ -101,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("pretrained", help="list the shipped models, or add one from a run")
     actions = p.add_subparsers(dest="action", required=True, metavar="ACTION")
+    p.commands = actions.choices  # each action's parser, for its own usage on an unknown option
     actions.add_parser("list", help="the shipped models and their validation bit errors")
     q = actions.add_parser("export", help="copy a run's weights into the package as NAME")
     q.add_argument("run", type=Path, metavar="RUN_OR_CHECKPOINT")
@@ -536,8 +537,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = _parser()
     args, unknown = parser.parse_known_args(argv)
-    if unknown:  # the command's own usage, not the top level's
-        parser.commands[args.command].error(f"unrecognized arguments: {' '.join(unknown)}")
+    if unknown:  # the command's own usage (its action's, for `pretrained`), not the top level's
+        command = parser.commands[args.command]
+        command = getattr(command, "commands", {}).get(getattr(args, "action", None), command)
+        command.error(f"unrecognized arguments: {' '.join(unknown)}")
     keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.9x training)
     try:
         return _COMMANDS[args.command](args)
