@@ -482,80 +482,64 @@ def _run_forward(steps: _Steps, xpre, weights, biases, wp, bp, state, keep: bool
     return torch.stack(hs), torch.stack(reads), states, saved
 
 
-class _FirstOrderOnly(torch.autograd.Function):
-    """The identity on the gradients a backward that autograd cannot record (the native engine's
-    C++ call) returns when autograd asked for a graph of them (``create_graph=True``), whose own
-    backward raises: differentiating them again would give a wrong second derivative, or zeros,
-    without a word (torch's ``once_differentiable`` raises too, with a message that does not
-    name the fix). The inputs before the last ``count`` only link the results into the graph:
-    the incoming gradients that require grad, and a leaf that does, so that the results always
-    do."""
+_FAST_SECOND_ORDER = (
+    "the NTM's 'fast' and 'compiled' engines' backward is written by hand and treats the "
+    "forward's values as constants: a second derivative with respect to the NTM's parameters or "
+    "inputs (double backward, a gradient penalty on them, a Hessian) needs NTM(..., "
+    "engine=\"eager\") (or model.engine = \"eager\")")
+_NATIVE_SECOND_ORDER = (
+    "the NTM's 'native' engine computes first derivatives only (its backward is one C++ call): a "
+    "second derivative (create_graph=True: double backward, a gradient penalty, a Hessian-vector "
+    "product) needs NTM(..., engine=\"eager\") (or model.engine = \"eager\")")
+
+
+class _RaisesIfDifferentiated(torch.autograd.Function):
+    """A -0.0 (adding it changes no value, not even a zero's sign) that depends on ``inputs``
+    and whose backward raises ``message``: `_guard`."""
 
     @staticmethod
-    def forward(ctx, count: int, *tensors: Tensor):
-        return tuple(t.clone() for t in tensors[len(tensors) - count :])
-
-    @staticmethod
-    def backward(ctx, *grads):
-        raise RuntimeError(
-            "the NTM's 'native' engine computes first derivatives only (its backward is one C++ "
-            "call): a second derivative (create_graph=True: double backward, a gradient penalty, "
-            "a Hessian-vector product) needs NTM(..., engine=\"eager\") (or model.engine = "
-            "\"eager\")")
-
-
-class _SavedAsConstants(torch.autograd.Function):
-    """A -0.0 (adding it changes no value, not even a zero's sign) that depends on a hand-written
-    backward's forward inputs, and whose backward raises: `_guard`."""
-
-    @staticmethod
-    def forward(ctx, like: Tensor, *inputs: Tensor):
+    def forward(ctx, message: str, like: Tensor, *inputs: Tensor):
+        ctx.message = message
         return like.new_full((), -0.0)
 
     @staticmethod
     def backward(ctx, grad):
-        raise RuntimeError(
-            "the NTM's 'fast' and 'compiled' engines' backward is written by hand and treats the "
-            "forward's values as constants: a second derivative with respect to the NTM's "
-            "parameters or inputs (double backward, a gradient penalty on them, a Hessian) "
-            "needs NTM(..., engine=\"eager\") (or model.engine = \"eager\")")
+        raise RuntimeError(ctx.message)
 
 
-def _guard(grads: tuple, inputs: tuple, like: Tensor) -> tuple:
-    """The fast engine's hand-written backward, recorded by autograd under ``create_graph=True``,
-    is exact in the gradients it receives (it is linear in them: a Jacobian-vector product by
-    double backward, or a penalty differentiated only through the layers after the NTM, comes
-    out right) but not in the forward's inputs and parameters, which it reads as constants. So
-    each gradient gets a -0.0 that depends on those inputs and raises when differentiated: a
-    second derivative through them raises instead of being silently wrong (a gradient penalty
-    was 12% off), and one that needs only the linear part never reaches it."""
+def _guard(grads: tuple, inputs, like: Tensor, message: str = _FAST_SECOND_ORDER) -> tuple:
+    """``grads`` (a hand-written backward's results), each plus a -0.0 that depends on
+    ``inputs`` and raises ``message`` when differentiated; unchanged where autograd records no
+    graph of the backward (no ``create_graph``) or no input requires grad.
+
+    The fast engine's backward, recorded by autograd under ``create_graph=True``, is exact in
+    the gradients it receives (it is linear in them: a Jacobian-vector product by double
+    backward, or a penalty differentiated only through the layers after the NTM, comes out
+    right) but not in the forward's inputs and parameters, which it reads as constants: guarded
+    by those, a second derivative through them raises instead of being silently wrong (a
+    gradient penalty was 12% off), and one that needs only the linear part never reaches it."""
     needing = [t for t in inputs if isinstance(t, Tensor) and t.requires_grad]
     if not torch.is_grad_enabled() or not needing:
         return grads
-    zero = _SavedAsConstants.apply(like.detach(), *needing)  # like: its dtype and device only
+    zero = _RaisesIfDifferentiated.apply(message, like.detach(), *needing)  # like: dtype, device
     return tuple(g if g is None else g + zero for g in grads)
 
 
 def first_order_only(backward):
-    """Decorates an `autograd.Function`'s ``backward`` that autograd cannot record: it runs
-    without a graph, and where autograd asks for one (``create_graph=True``) its results come
-    through `_FirstOrderOnly`, so that differentiating them raises instead of being silently
-    wrong."""
+    """Decorates an `autograd.Function`'s ``backward`` that autograd cannot record (the native
+    engine's C++ call): it runs without a graph, and where autograd asks for one
+    (``create_graph=True``) its results are guarded (`_guard`) by the incoming gradients and a
+    leaf, so that differentiating them at all raises instead of giving a wrong second derivative
+    or zeros without a word (torch's ``once_differentiable`` raises too, with a message that
+    does not name the fix)."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
         with torch.no_grad():
             out = backward(ctx, *grads)
-        if not torch.is_grad_enabled():
-            return out
-        where = [i for i, g in enumerate(out) if isinstance(g, Tensor)]
-        links = [g for g in grads if isinstance(g, Tensor) and g.requires_grad]
-        marked = _FirstOrderOnly.apply(len(where), torch.zeros((), requires_grad=True), *links,
-                                       *(out[i] for i in where))
-        out = list(out)
-        for i, g in zip(where, marked):
-            out[i] = g
-        return tuple(out)
+        like = next(g for g in out if isinstance(g, Tensor))
+        leaf = torch.zeros((), requires_grad=True)  # so that the results always require grad
+        return _guard(out, (leaf, *grads), like, _NATIVE_SECOND_ORDER)
 
     return wrapper
 
