@@ -48,6 +48,19 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _model(task, memory_size: int, engine: str = "fast", device="cpu") -> NTM:
+    """The bench's model: the paper's copy NTM with ``memory_size`` rows."""
+    return NTM(task.input_size, task.output_size, memory_size=memory_size, engine=engine,
+               device=device)
+
+
+def check_memory_sizes(memory_sizes) -> None:
+    """Raise the model's own `ValueError` for a memory size the bench's model cannot have (too
+    few rows for its shifts), before any timing: built on the meta device, no memory used."""
+    for rows in memory_sizes:
+        _model(CopyTask(), rows, device="meta")
+
+
 class _Runner:
     """One engine's model, optimizer and step functions for one configuration."""
 
@@ -55,8 +68,7 @@ class _Runner:
 
     def __init__(self, engine, memory_size, batch, task, device, seed):
         torch.manual_seed(seed)  # every engine starts from the same parameters
-        self.model = NTM(task.input_size, task.output_size, memory_size=memory_size,
-                         engine=engine, device=device)
+        self.model = _model(task, memory_size, engine, device)
         self.optimizer = FlatOptimizer(  # as `ntm train` (train.make_optimizer, FlatOptimizer)
             self.model.parameters(),
             lambda flat: torch.optim.RMSprop(flat, lr=1e-4, momentum=0.9, foreach=True))

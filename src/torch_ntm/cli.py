@@ -495,7 +495,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from torch_ntm.bench import format_table, run_bench
+    from torch_ntm.bench import check_memory_sizes, format_table, run_bench
     from torch_ntm.config import ConfigError, resolve_device
 
     for name, value in (("--threads", args.threads), ("--seq-len", args.seq_len),
@@ -507,11 +507,9 @@ def _cmd_bench(args) -> int:
     if args.batch_size:
         kwargs["batch_sizes"] = tuple(args.batch_size)
     if args.memory_size:
-        from torch_ntm import NTM
-
-        for rows in args.memory_size:  # the bench's copy model with these rows, before any timing
+        for rows in args.memory_size:
             try:
-                NTM(9, 9, memory_size=rows, device="meta")
+                check_memory_sizes([rows])
             except ValueError as e:
                 raise ConfigError(f"--memory-size {rows}: {e}") from None
         kwargs["memory_sizes"] = tuple(args.memory_size)
