@@ -317,22 +317,22 @@ def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
         except (ConfigError, ValueError, TypeError):  # not buildable alone: it matters
             return True
 
+    def differing(ours_, theirs_, prefix: str, skip: tuple):
+        """(key, ours, theirs, ours with that key set to theirs) for each key that differs."""
+        for f in dataclasses.fields(ours_):
+            mine, other = getattr(ours_, f.name), getattr(theirs_, f.name)
+            if f.name not in skip and mine != other:
+                yield prefix + f.name, mine, other, dataclasses.replace(ours_, **{f.name: other})
+
     here = signature(ours)
-    found = []
-    for f in dataclasses.fields(ours):
-        name, mine, other = f.name, getattr(ours, f.name), getattr(theirs, f.name)
-        if name == "task" and mine != other:  # its inputs and outputs: not a key to set
-            found.append(f"task {other!r} (here {mine!r})")
-        if name in ("init_from", "task_params", "task") or mine == other:
-            continue
-        if matters(dataclasses.replace(ours, **{name: other})):
-            found.append(f"{name}={other!r} (here {mine!r})")
-    if type(theirs.task_params) is type(ours.task_params):
-        for f in dataclasses.fields(ours.task_params):
-            mine, other = getattr(ours.task_params, f.name), getattr(theirs.task_params, f.name)
-            task = dataclasses.replace(ours.task_params, **{f.name: other})
-            if mine != other and matters(dataclasses.replace(ours, task_params=task)):
-                found.append(f"task.{f.name}={other!r} (here {mine!r})")
+    found = [f"task {theirs.task!r} (here {ours.task!r})"] if theirs.task != ours.task else []
+    keys = list(differing(ours, theirs, "", ("init_from", "task_params", "task")))
+    if type(theirs.task_params) is type(ours.task_params):  # task.KEY, on the same task
+        keys += [(key, mine, other, dataclasses.replace(ours, task_params=task)) for
+                 key, mine, other, task in differing(ours.task_params, theirs.task_params,
+                                                     "task.", ())]
+    found += [f"{key}={other!r} (here {mine!r})" for key, mine, other, changed in keys
+              if matters(changed)]
     return ", ".join(found)
 
 
@@ -433,8 +433,7 @@ class _Run:
         self.log = None
         # Nothing left to train: the directory keeps the config that trained it (and no new
         # log), rather than one that never ran.
-        self.idle = resume and (self.converged or self.state.sequences >= config.max_sequences
-                                or 0 < config.max_seconds <= self.state.elapsed_s)
+        self.idle = resume and (self.finished or self.out_of_time(self.state.elapsed_s))
         if self.world.main and not self.idle:
             run_dir.mkdir(parents=True, exist_ok=True)
             self.log = MetricsLog(run_dir, self.state.step if resume else None,  # checks it
@@ -524,9 +523,17 @@ class _Run:
     def converged(self) -> bool:
         return 0 <= self.config.stop_bit_errors and self.state.streak >= self.config.patience_evals
 
-    def out_of_time(self) -> bool:
+    @property
+    def finished(self) -> bool:
+        """Converged, or the sequence budget spent (the time budget is `out_of_time`)."""
+        return self.converged or self.state.sequences >= self.config.max_sequences
+
+    def out_of_time(self, elapsed: float | None = None) -> bool:
+        """Whether ``elapsed`` seconds of training (default: so far) spend ``max_seconds``."""
         limit = self.config.max_seconds
-        return bool(limit) and time.perf_counter() - self.start >= limit
+        if elapsed is None:
+            elapsed = time.perf_counter() - self.start
+        return bool(limit) and elapsed >= limit
 
     def _clock(self) -> None:
         self.state.elapsed_s = time.perf_counter() - self.start
@@ -682,7 +689,7 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
     # Under torchrun the ranks could see a signal at different steps: there it stops at once.
     stop = _StopSignals(enabled=run.world.size == 1)
     try:
-        while not run.converged and state.sequences < config.max_sequences:
+        while not run.finished:
             if stop.signum is not None:  # between two steps: the state is consistent
                 run._clock()
                 if run.saved_step != state.step:
