@@ -156,6 +156,7 @@ class _World:
         self.size = int(os.environ.get("WORLD_SIZE", "1"))
         self.rank = int(os.environ.get("RANK", "0"))
         self.device = device
+        self.owns_group = False  # whether this process group is ours to shut down
         if self.size > 1:
             import torch.distributed as dist
 
@@ -164,6 +165,22 @@ class _World:
                 torch.cuda.set_device(self.device)
             if not dist.is_initialized():
                 dist.init_process_group("nccl" if self.device.type == "cuda" else "gloo")
+                self.owns_group = True
+
+    def close(self, finished: bool) -> None:
+        """Shut down the process group this run started. Left to the interpreter's exit, gloo's
+        threads were torn down mid-connection, and a rank that had trained to the end aborted
+        now and then ("terminate called without an active exception", exit -6). After a
+        finished run the ranks first wait for each other (rank 0 is still writing the
+        checkpoint); after an error, no rank waits for one that may never come."""
+        if not self.owns_group:
+            return
+        import torch.distributed as dist
+
+        if finished:
+            dist.barrier()
+        dist.destroy_process_group()
+        self.owns_group = False
 
     @property
     def main(self) -> bool:
@@ -688,6 +705,7 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
     bar = _progress(config.max_sequences, state.sequences, progress if run.world.main else False)
     # Under torchrun the ranks could see a signal at different steps: there it stops at once.
     stop = _StopSignals(enabled=run.world.size == 1)
+    completed = False
     try:
         while not run.finished:
             if stop.signum is not None:  # between two steps: the state is consistent
@@ -707,9 +725,11 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                 run.validate()
         if run.saved_step != state.step:  # stopped between validations: validate, save
             run.validate()
+        completed = True
     finally:
         stop.restore()
         bar.close()
         run.close()
+        run.world.close(finished=completed)
     return TrainResult(run_dir, run.converged, state.step, state.sequences, state.elapsed_s,
                        state.metrics, state.nan_steps, trained=not run.idle)
