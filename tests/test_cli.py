@@ -176,6 +176,11 @@ def test_an_unknown_option_shows_its_command_usage(capsys):
     err = capsys.readouterr().err
     assert err.startswith("usage: ntm pretrained export ")
     assert "ntm pretrained export: error: unrecognized arguments: --bogus" in err
+    with pytest.raises(SystemExit):  # before the command: the top level's, not the command's
+        main(["--bogus", "train", "copy"])
+    err = capsys.readouterr().err
+    assert err.startswith("usage: ntm [-h] COMMAND")
+    assert "ntm: error: unrecognized arguments: --bogus" in err
 
 
 def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):

@@ -534,7 +534,10 @@ def main(argv: list[str] | None = None) -> int:
     from torch_ntm.train import Interrupted
 
     parser = _parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
     args, unknown = parser.parse_known_args(argv)
+    if unknown and argv.index(unknown[0]) < argv.index(args.command):  # `ntm --bogus train`
+        parser.error(f"unrecognized arguments: {' '.join(unknown)}")
     if unknown:  # the command's own usage (its action's, for `pretrained`), not the top level's
         command = parser.commands[args.command]
         command = getattr(command, "commands", {}).get(getattr(args, "action", None), command)
