@@ -50,3 +50,17 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     # The logged training cost is all-reduced over the ranks: the same as one process's.
     assert len(train_costs("one")) == 4
     assert train_costs("two") == pytest.approx(train_costs("one"), rel=1e-4)
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
+    """Each rank read its own clock, so one could stop a step before the other and wait in a
+    validation's collective while the other waited in DDP's: a gloo size mismatch, exit -6, in
+    1 of 4 runs here. (A race: without the shared decision this fails often, not always.)"""
+    args = [*ARGS, "--set", "max_sequences=10000000", "--set", "max_seconds=2",  # later wins
+            "--set", "eval_every=50", "--set", "log_every=50"]
+    out = run([sys.executable, "-m", "torch.distributed.run", "--standalone",
+               "--nproc-per-node", "2", "-m", "torch_ntm", *args, "--out", str(tmp_path / "t")],
+              tmp_path)
+    assert "stopped (budget)" in out
+    assert load_checkpoint(tmp_path / "t").elapsed_s >= 2

@@ -604,3 +604,29 @@ def test_clip_returns_the_global_norm_and_clips_only_when_asked(clip_norm):
         torch.testing.assert_close(p.grad, g * scale)
     params[1].grad[0] = float("inf")
     assert not torch.isfinite(_clip(config, params, None))
+
+
+def test_a_run_out_of_time_just_after_a_save_records_its_clock_as_spent(tmp_path, monkeypatch):
+    """Its checkpoint kept the clock of the save before the time ran out, below max_seconds, so
+    resuming it with the same budget trained a step more (and rewrote the run directory)."""
+    import torch_ntm.train as module
+
+    class Clock:  # each reading one second on, so the run runs out of time at a known call
+        now = -1.0
+
+        @classmethod
+        def perf_counter(cls):
+            cls.now += 1.0
+            return cls.now
+
+    monkeypatch.setattr(module, "time", Clock)
+    config = resolve_config("copy", overrides=[
+        "task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+        "controller_size=8", "batch_size=2", "max_sequences=1000", "eval_every=1",
+        "eval_sizes=", "max_seconds=3", "engine=fast"])
+    # The clock: 0 the start, 1 the check before step 1, 2 its validation and save, 3 the check
+    # before step 2: out of time right after a save.
+    first = train(config, tmp_path / "run", progress=False)
+    assert first.step == 1 and first.elapsed_s >= 3
+    again = train(config, tmp_path / "run", resume=True, progress=False)
+    assert not again.trained and again.step == 1

@@ -200,6 +200,16 @@ class _World:
 
         return DistributedDataParallel(model)
 
+    def any(self, flag: bool) -> bool:
+        """Whether ``flag`` holds on any rank: a decision every rank takes at the same step."""
+        if self.size == 1:
+            return flag
+        import torch.distributed as dist
+
+        t = torch.tensor([float(flag)], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
     def sum(self, values: list[float]) -> list[float]:
         if self.size == 1:
             return values
@@ -443,6 +453,7 @@ class _Run:
         self.best = _Best(self.model, self.optimizer)
         self.state = _State()
         self.saved_step = -1
+        self.timed_out = False  # stopped by max_seconds
         if resume:
             self._restore(load_checkpoint(run_dir))
         elif config.curriculum_start < self.task.train_size:
@@ -546,14 +557,20 @@ class _Run:
         return self.converged or self.state.sequences >= self.config.max_sequences
 
     def out_of_time(self, elapsed: float | None = None) -> bool:
-        """Whether ``elapsed`` seconds of training (default: so far) spend ``max_seconds``."""
+        """Whether ``elapsed`` seconds of training (default: so far, as any rank's clock has
+        it: under torchrun all stop at the same step, or one would wait in a collective the
+        others never join) spend ``max_seconds``."""
         limit = self.config.max_seconds
+        if not limit:
+            return False
         if elapsed is None:
-            elapsed = time.perf_counter() - self.start
-        return bool(limit) and elapsed >= limit
+            return self.world.any(time.perf_counter() - self.start >= limit)
+        return elapsed >= limit
 
     def _clock(self) -> None:
         self.state.elapsed_s = time.perf_counter() - self.start
+        if self.timed_out:  # under torchrun on the first rank's clock to reach the limit
+            self.state.elapsed_s = max(self.state.elapsed_s, self.config.max_seconds)
 
     def train_step(self) -> None:
         """One optimizer step on a fresh batch; the update is skipped if a gradient is not
@@ -714,6 +731,7 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                     run.save()
                 raise Interrupted(stop.signum, state.step, run_dir)
             if run.out_of_time():
+                run.timed_out = True
                 break
             run.train_step()
             bar.update(config.batch_size)
@@ -725,6 +743,9 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                 run.validate()
         if run.saved_step != state.step:  # stopped between validations: validate, save
             run.validate()
+        elif run.timed_out:  # out of time just after a save: the checkpoint's clock must say
+            run._clock()     # so, or resuming with the same budget would train a step more
+            run.save()
         completed = True
     finally:
         stop.restore()
