@@ -452,6 +452,28 @@ def test_two_halves_with_carried_state_equal_one_pass(cfg):
     assert_states_close(s2, state, **TOL)
 
 
+def test_the_state_detaches_and_maps_as_the_ntms_does():
+    """Truncated backpropagation through time on a MANN (its state had no ``detach``)."""
+    mann = build()
+    x = inputs((2 * T, B, IN))
+    _, state = mann(x[:T])
+    detached = state.detach()
+    assert isinstance(detached, MANNState)
+    assert list(detached.tensors()) == ["controller[0]", "controller[1]", "memory", "usage",
+                                        "read_weights", "least_used", "reads"]
+    recorded = {k for k, t in state.tensors().items() if t.requires_grad}
+    assert recorded == set(state.tensors()) - {"least_used"}  # it carries no gradient
+    assert not any(t.requires_grad for t in detached.tensors().values())
+    for name, t in state.tensors().items():
+        assert torch.equal(detached.tensors()[name], t), name
+    doubled = state.map(lambda t: 2 * t)
+    assert torch.equal(doubled.usage, 2 * state.usage)
+    assert torch.equal(doubled.controller[1], 2 * state.controller[1])
+    second, _ = mann(x[T:], detached)
+    second.sum().backward()  # reaches the parameters through the second chunk only
+    torch.testing.assert_close(second, mann(x)[0][T:], **TOL)
+
+
 def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
     """Values, final state and the gradients of every parameter and of a given state, over
     chunks of 4 steps and a remainder of 2, in float64 (one configuration: each compiles

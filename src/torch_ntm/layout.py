@@ -44,7 +44,7 @@ class NTMState(NamedTuple):
     def map(self, fn) -> NTMState:
         """The state with ``fn`` applied to each of its tensors (the controller's too), e.g.
         ``state.map(lambda t: t.to("cuda"))``."""
-        return NTMState(tuple(fn(t) for t in self.controller), *(fn(t) for t in self[1:]))
+        return type(self)(tuple(fn(t) for t in self.controller), *(fn(t) for t in self[1:]))
 
     def detach(self) -> NTMState:
         """The same values cut from the graph that made them: to carry a state into the next

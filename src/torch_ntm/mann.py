@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_ntm import functional as ntmf
+from torch_ntm.layout import NTMState
 from torch_ntm.model import (
     MEMORY_INIT_CONSTANT,
     LSTMController,
@@ -72,6 +73,12 @@ class MANNState(NamedTuple):
     read_weights: Tensor
     least_used: Tensor
     reads: Tensor
+
+    # As NTMState's: each tensor through a function, the state cut from its graph (truncated
+    # backpropagation through time), each tensor by name.
+    map = NTMState.map
+    detach = NTMState.detach
+    tensors = NTMState.tensors
 
 
 @dataclass
