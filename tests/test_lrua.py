@@ -474,6 +474,29 @@ def test_the_state_detaches_and_maps_as_the_ntms_does():
     torch.testing.assert_close(second, mann(x)[0][T:], **TOL)
 
 
+def test_torch_func_grad_and_vmap_run_on_the_compiled_engine():
+    """torch.func refused the compiled engine (it marks its state as needing gradients); under
+    torch.func's transforms the eager loop runs."""
+    from torch.func import functional_call, grad, vmap
+
+    mann = build(engine="compiled")
+    x = inputs()
+    params = {k: p.detach() for k, p in mann.named_parameters()}
+
+    def loss(p, x):
+        return functional_call(mann, p, (x,))[0].square().sum()
+
+    grads = grad(loss)(params, x)
+    mann(x)[0].square().sum().backward()
+    for name, p in mann.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, **TOL, msg=name)
+    per_sample = vmap(grad(loss), in_dims=(None, 1))(params, x[:, :, None])
+    mann.zero_grad()
+    mann(x[:, :1])[0].square().sum().backward()
+    for name, p in mann.named_parameters():
+        torch.testing.assert_close(per_sample[name][0], p.grad, **TOL, msg=name)
+
+
 def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
     """Values, final state and the gradients of every parameter and of a given state, over
     chunks of 4 steps and a remainder of 2, in float64 (one configuration: each compiles

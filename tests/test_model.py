@@ -488,6 +488,45 @@ def test_detach_cuts_the_state_from_its_graph():
     torch.testing.assert_close(second, ntm(x)[0][T:])
 
 
+@pytest.mark.parametrize("engine", ["fast", "native", "compiled"])
+def test_torch_func_grad_runs_on_every_engine(engine):
+    """The engines' hand-written backward is an autograd Function without ``setup_context``:
+    torch.func refused it (the default engine included) until such transforms ran the eager
+    loop."""
+    from torch.func import functional_call, grad
+
+    ntm = build(engine=engine, read_heads=2).double()
+    x = inputs()
+    params = {k: p.detach() for k, p in ntm.named_parameters()}
+    grads = grad(lambda p: functional_call(ntm, p, (x,))[0].square().sum())(params)
+    ntm(x)[0].square().sum().backward()
+    for name, p in ntm.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-10, atol=1e-12, msg=name)
+
+
+@pytest.mark.parametrize("cfg", [{}, {"controller_layers": 2},
+                                 {"controller": "feedforward"}], ids=["lstm", "2", "ff"])
+def test_per_sample_gradients_by_vmap(cfg):
+    """vmap(grad(...)) over the batch: torch has no batching rule for nn.LSTMCell's fused op,
+    so under torch.func the controller's cell runs as plain ops."""
+    from torch.func import functional_call, grad, vmap
+
+    ntm = build(**cfg).double()
+    x = inputs()
+    params = {k: p.detach() for k, p in ntm.named_parameters()}
+
+    def loss(p, sequence):  # [T, IN]: a batch of one
+        return functional_call(ntm, p, (sequence[:, None],))[0].square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 1))(params, x)
+    for b in range(B):
+        ntm.zero_grad()
+        ntm(x[:, b : b + 1])[0].square().sum().backward()
+        for name, p in ntm.named_parameters():
+            torch.testing.assert_close(per_sample[name][b], p.grad, rtol=1e-10, atol=1e-12,
+                                       msg=f"{name}, sequence {b}")
+
+
 def test_trace_refuses_what_is_not_a_tensor():
     with pytest.raises(TypeError, match=r"NTM expects a tensor .* got ndarray"):
         build(NTM).trace(torch.zeros(T, B, IN).numpy())

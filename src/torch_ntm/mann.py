@@ -371,7 +371,9 @@ class MANN(_MANNBase):
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:
             self._check_state(state, x.shape[1], x)
-        if self.engine == "compiled" and torch.is_grad_enabled():
+        # torch.func's transforms (grad, vmap, ...) run the eager loop, as the NTM's engines do
+        if (self.engine == "compiled" and torch.is_grad_enabled()
+                and not torch._C._are_functorch_transforms_active()):
             y, state = self._forward_compiled(x, state)
         else:
             outputs = []

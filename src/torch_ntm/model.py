@@ -24,6 +24,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
@@ -94,12 +95,28 @@ class LSTMController(nn.Module):
     def forward(self, x: Tensor, state: tuple) -> tuple[Tensor, tuple]:
         h_prev, c_prev = state
         hs, cs = [], []
+        # torch.vmap has no batching rule for nn.LSTMCell's fused op: there, the same cell of
+        # plain ops (equal to float rounding)
+        step = _lstm_cell if torch._C._are_functorch_transforms_active() else _call
         for layer, cell in enumerate(self.cells):
-            h, c = cell(x, (h_prev[layer], c_prev[layer]))
+            h, c = step(cell, x, (h_prev[layer], c_prev[layer]))
             hs.append(h)
             cs.append(c)
             x = h
         return x, (torch.stack(hs), torch.stack(cs))
+
+
+def _call(cell: nn.LSTMCell, x: Tensor, state: tuple) -> tuple[Tensor, Tensor]:
+    return cell(x, state)
+
+
+def _lstm_cell(cell: nn.LSTMCell, x: Tensor, state: tuple) -> tuple[Tensor, Tensor]:
+    """`nn.LSTMCell`'s step in plain ops (gate order input, forget, cell, output)."""
+    h, c = state
+    gates = F.linear(x, cell.weight_ih, cell.bias_ih) + F.linear(h, cell.weight_hh, cell.bias_hh)
+    i, f, g, o = gates.chunk(4, -1)
+    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
+    return torch.sigmoid(o) * torch.tanh(c), c
 
 
 class FeedForwardController(nn.Module):
@@ -650,8 +667,11 @@ class NTM(_NTMBase):
         if torch.compiler.is_exporting():
             return self._forward_scan(x, state)
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
-        # hand-written backward take one dtype (the parameters'), not autocast's mix.
-        if self.engine != "eager" and not torch.is_autocast_enabled(x.device.type):
+        # hand-written backward take one dtype (the parameters'), not autocast's mix. So under
+        # torch.func's transforms (grad, vmap, jacrev, ...), which cannot see through that
+        # backward (torch refused with a message about setup_context).
+        if (self.engine != "eager" and not torch.is_autocast_enabled(x.device.type)
+                and not torch._C._are_functorch_transforms_active()):
             self._check_dtype(x)  # before the native engine says what it runs as for this dtype
             engine = runs_as(x) if self.engine == "native" else self.engine
             if engine == "native":
