@@ -158,6 +158,18 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
     assert abs(got["perfect"] - recorded["perfect"]) <= 1.0 / n, name
 
 
+@pytest.mark.parametrize("name", ["copy", "omniglot"])
+def test_a_batch_first_model_scores_as_its_time_major_twin(name):
+    """The evaluation fed its time-major batches to a batch-first model as they were, which
+    read them as [B, T, I]: copy at L = 20 scored 79.9 wrong bits per sequence (0 time-major)."""
+    ckpt = load_checkpoint(pretrained.path(name))
+    batches = validation_batches(ckpt.config, ckpt.task())[:1]
+    time_major = evaluate_batches(pretrained.load(name), batches)
+    batch_first = pretrained.load(name, batch_first=True)
+    assert batch_first.batch_first
+    assert evaluate_batches(batch_first, batches) == pytest.approx(time_major, rel=1e-6)
+
+
 @pytest.mark.parametrize("name", pretrained.names())
 def test_shipped_model_still_solves_its_task(name, shipped):
     # Shipped models are checked at their training size against the validation bit errors they

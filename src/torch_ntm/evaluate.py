@@ -35,7 +35,9 @@ def evaluate_batches(model: nn.Module, batches) -> dict:
     the sequences.
 
     Args:
-        model: maps time-major inputs ``[T, B, I]`` to ``(logits [T, B, O], state)``.
+        model: maps inputs to ``(logits, state)``: time-major ``[T, B, I]`` to ``[T, B, O]``,
+            or batch first if it has ``batch_first`` set (an NTM, a MANN or the LSTM
+            baseline built so); the batches are turned to its layout and back.
         batches: ``(batch, task)`` pairs, as `fixed_batches` makes them: a time-major
             `torch_ntm.tasks.Batch` and the task that drew it, which says how to score it and
             gives its reference cost beside the model's.
@@ -49,7 +51,10 @@ def evaluate_batches(model: nn.Module, batches) -> dict:
     device = next(model.parameters()).device
     for batch, task in batches:
         inputs, targets, mask = (t.to(device) for t in batch)
-        logits, _ = model(inputs)
+        if getattr(model, "batch_first", False):  # it read a [T, B, I] batch as [B, T, I]
+            logits = model(inputs.transpose(0, 1))[0].transpose(0, 1)
+        else:
+            logits, _ = model(inputs)
         score = task_objective(task)
         costs.append(score.loss(logits, targets, mask).cpu() / math.log(2))
         errors.append(score.errors(logits, targets, mask).cpu())
