@@ -284,6 +284,22 @@ def test_evaluate_repeats_is_refused_for_other_tasks(trained, capsys):
     assert err.strip() == "ntm: error: --repeats applies to repeat_copy, not copy"
 
 
+def test_the_figures_take_a_trace_made_with_gradients(tmp_path):
+    """``model.trace(x)`` outside ``no_grad`` (as the README shows it) gave tensors that need
+    a gradient, and each helper failed in ``.numpy()``."""
+    import torch
+
+    from torch_ntm import NTM, plot
+
+    x = torch.rand(5, 1, 4)
+    logits, _, trace = NTM(4, 3, controller_size=6, memory_size=8, memory_width=4).trace(x)
+    assert logits.requires_grad
+    assert plot.plot_attention(trace, tmp_path / "a.png").stat().st_size > 0
+    assert plot.plot_memory(trace, tmp_path / "m.png").stat().st_size > 0
+    outputs = torch.sigmoid(logits[:, 0])
+    assert plot.plot_io(x[:, 0], x[:, 0, :3], outputs, torch.ones(5), tmp_path / "io.png").exists()
+
+
 @pytest.mark.parametrize("heads, grid", [((1, 1), (1, 2)), ((2, 3), (2, 3)), ((0, 5), (1, 5))])
 def test_attention_figure_has_a_panel_for_every_head(heads, grid, tmp_path, monkeypatch):
     import torch

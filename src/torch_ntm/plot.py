@@ -70,6 +70,12 @@ def _row_axis(ax, rows: torch.Tensor) -> None:
     ax.set_ylabel("memory row")
 
 
+def _array(t: torch.Tensor):
+    """What matplotlib draws: ``t`` as a NumPy array, whether or not it needs a gradient (a
+    trace made outside ``no_grad`` does)."""
+    return t.detach().cpu().numpy()
+
+
 def _save(fig, path: Path) -> Path:
     fig.savefig(path, dpi=110)
     _pyplot().close(fig)
@@ -83,7 +89,7 @@ def plot_io(inputs, targets, outputs, mask, path: Path) -> Path:
     masked_out = outputs * mask[:, None]
     for ax, data, title in zip(axes, (inputs, targets, masked_out),
                                ("input", "target", "output (where scored)")):
-        ax.imshow(data.T.cpu().numpy(), aspect="auto", cmap="gray_r", vmin=0, vmax=1,
+        ax.imshow(_array(data.T), aspect="auto", cmap="gray_r", vmin=0, vmax=1,
                   interpolation="nearest")
         ax.set_ylabel("channel")
         ax.set_title(title, fontsize=10)
@@ -109,7 +115,7 @@ def plot_attention(trace, path: Path) -> Path:
         for ax in ax_line[len(line):]:
             ax.axis("off")
         for ax, (title, w) in zip(ax_line, line):
-            im = ax.imshow(w[:, rows].T.cpu().numpy(), aspect="auto", cmap="viridis", vmin=0,
+            im = ax.imshow(_array(w[:, rows].T), aspect="auto", cmap="viridis", vmin=0,
                            vmax=1, origin="lower", interpolation="nearest")
             ax.set_title(title, fontsize=10)
             ax.set_xlabel("time step")
@@ -130,7 +136,7 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
     fig, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 4.5), squeeze=False,
                              layout="constrained")
     for ax, t in zip(axes[0], steps):
-        im = ax.imshow(memory[t, rows].cpu().numpy(), aspect="auto", cmap="RdBu_r", vmin=-lim,
+        im = ax.imshow(_array(memory[t, rows]), aspect="auto", cmap="RdBu_r", vmin=-lim,
                        vmax=lim, origin="lower", interpolation="nearest")
         ax.set_title(f"memory after step {t}", fontsize=10)
         ax.set_xlabel("column")
