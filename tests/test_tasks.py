@@ -316,7 +316,8 @@ def test_registry():
     for name, cls in TASKS.items():
         assert make_task(name) == cls()
     # Omniglot alone is scored by labels; every other task has sizes to generalise to
-    assert [name for name, cls in TASKS.items() if cls().labels] == ["omniglot"]
+    assert [name for name, cls in TASKS.items() if cls().label_task] == ["omniglot"]
+    assert make_task("omniglot").label_task is True  # its own `labels` field does not hide it
 
 
 def test_unknown_task_lists_valid_names():

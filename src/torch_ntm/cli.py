@@ -277,7 +277,7 @@ def _print_generalisation(ckpt) -> None:
     from torch_ntm.evaluate import evaluate_episodes, evaluate_sizes, format_table
 
     task, model = ckpt.task(), ckpt.model(**ckpt.config.eval_overrides())
-    if task.labels:  # no sizes to generalise to: accuracy by instance
+    if task.label_task:  # no sizes to generalise to: accuracy by instance
         _print_episodes(evaluate_episodes(model, task), task)
         return
     rows = evaluate_sizes(model, task, task.eval_sizes)
@@ -342,7 +342,7 @@ def _cmd_evaluate(args) -> int:
             raise ConfigError("--task-set: the change alters the task's input or output width, "
                               "which the trained model cannot take")
         task = changed
-    if task.labels:
+    if task.label_task:
         return _evaluate_episodes(args, model, task)
     sizes = args.lengths or list(task.eval_sizes)
     for size in sizes:

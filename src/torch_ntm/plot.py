@@ -276,12 +276,12 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     paths.insert(0, plot_io(batch.inputs[:, 0], batch.targets[:, 0], probabilities,
                             batch.mask[:, 0].float(), out / "io.png"))
     curve = plot_learning_curve(json_path.parent / "metrics.csv", out / "learning_curve.png",
-                                labels=task.labels)
+                                labels=task.label_task)
     if curve is not None:
         paths.append(curve)
     if memory_size is None and ckpt.config.eval_overrides():  # the run's generalisation memory
         model = ckpt.model(**ckpt.config.eval_overrides()).eval()
-    if task.labels:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` gives it
+    if task.label_task:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` has it
         row = evaluate_episodes(model, task, episodes, seed=EVAL_SEED)
         paths.append(plot_accuracy(row["accuracy_by_instance"], row["sequences"],
                                    out / "accuracy.png"))

@@ -36,9 +36,10 @@ class Task:
     size_range: ClassVar[tuple[str, str] | None] = None
 
     @property
-    def labels(self) -> bool:
+    def label_task(self) -> bool:
         """A label task (scored by wrong labels, accuracy by instance on held-out episodes), not
-        a bit task with sizes to generalise to."""
+        a bit task with sizes to generalise to. (Not ``labels``: that is Omniglot's field for
+        how labels are encoded.)"""
         return self.loss == "cross_entropy"
 
     @property

@@ -65,9 +65,11 @@ def info(name: str, *, root: str | os.PathLike | None = None) -> dict:
     """What model ``name`` is and how well it did when exported.
 
     Returns:
-        ``name``, ``task``, ``task_params``, ``preset``, ``model`` (``"ntm"`` or ``"lstm"``),
-        ``step``, ``sequences`` (trained on), ``elapsed_s`` (training time) and ``metrics`` (the
-        last validation: ``cost_bits``, ``bit_errors`` per sequence, ``perfect``, ...).
+        ``name``, ``task``, ``task_params``, ``preset``, ``model`` (``"ntm"``, ``"lstm"`` or
+        ``"mann"``), ``step``, ``sequences`` (trained on), ``elapsed_s`` (training time) and
+        ``metrics`` (the last validation: ``cost_bits``, ``bit_errors`` per sequence,
+        ``perfect``, ...; for Omniglot wrong labels per episode in ``bit_errors``, and
+        ``accuracy_1``, ``accuracy_2``, ..., the accuracy at the k-th instance of a class).
     """
     ckpt = _checkpoint(name, root)
     config = ckpt.config
@@ -79,7 +81,7 @@ def info(name: str, *, root: str | os.PathLike | None = None) -> dict:
 
 def load(name: str, *, root: str | os.PathLike | None = None, device=None,
          **overrides) -> nn.Module:
-    """The trained model ``name`` (an `NTM`, or the LSTM baseline), in training mode.
+    """The trained model ``name`` (an `NTM`, the LSTM baseline or a `MANN`), in training mode.
 
     Args:
         name: one of `names`.
