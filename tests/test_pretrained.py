@@ -1,6 +1,7 @@
 """Pretrained models: export a run, load it back by name, the CLI, and the shipped models."""
 
 import json
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,6 +121,16 @@ def test_cli_plot_of_a_pretrained_model_writes_outside_the_package(root, tmp_pat
     assert main(["plot", "--pretrained", "tiny", "--length", "3"]) == 0
     assert {p.name for p in (tmp_path / "figures-tiny").iterdir()} == {
         "io.png", "attention.png", "memory.png", "generalisation.png"}  # no learning curve
+    assert not (root / "tiny" / "figures").exists()
+
+
+def test_plot_run_of_a_shipped_model_writes_outside_the_package(root, tmp_path, monkeypatch):
+    """From Python it wrote into the package's own folder (site-packages, installed)."""
+    from torch_ntm.plot import plot_run
+
+    monkeypatch.chdir(tmp_path)
+    paths = plot_run(pretrained.path("tiny"), size=3)
+    assert {p.parent for p in paths} == {Path("figures-tiny")}
     assert not (root / "tiny" / "figures").exists()
 
 

@@ -407,10 +407,9 @@ def _cmd_plot(args) -> int:
         from torch_ntm.checkpoint import load_checkpoint
 
         _check_size(load_checkpoint(checkpoint).task(), args.length, "--length")
-    out = args.out
-    if out is None and args.pretrained is not None:  # never write into the installed package
-        out = Path(f"figures-{args.pretrained}")
-    paths = plot_run(checkpoint, out_dir=out, size=args.length, memory_size=args.memory_size)
+    # A shipped model's figures go to figures-NAME, never into the installed package.
+    paths = plot_run(checkpoint, out_dir=args.out, size=args.length,
+                     memory_size=args.memory_size)
     for path in paths:
         print(path)
     return 0

@@ -244,9 +244,11 @@ def plot_accuracy(accuracy: dict[int, float], episodes: int, path: Path) -> Path
 def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | None = None,
              size: int | None = None, memory_size: int | None = None, seed: int = 0,
              episodes: int = HELD_OUT_EPISODES) -> list[Path]:
-    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``):
+    """Write the figures of a run (or checkpoint) into ``out_dir`` (default ``RUN/figures``; for
+    a shipped model, ``figures-NAME`` in the working directory, never the installed package):
     one example sequence (drawn with ``seed`` from the task's held-out data, `Task.held_out`, as
     evaluation's are), and a label task's accuracy figure scores ``episodes`` held-out episodes."""
+    from torch_ntm import pretrained
     from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
     from torch_ntm.evaluate import (
         EVAL_SEED,
@@ -258,7 +260,12 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
 
     json_path = find_checkpoint(run_or_checkpoint)
     ckpt = load_checkpoint(json_path)
-    out = Path(out_dir) if out_dir is not None else json_path.parent / "figures"
+    if out_dir is not None:
+        out = Path(out_dir)
+    elif json_path.parent.parent.resolve() == pretrained.ROOT.resolve():
+        out = Path(f"figures-{json_path.parent.name}")
+    else:
+        out = json_path.parent / "figures"
     out.mkdir(parents=True, exist_ok=True)
     overrides = {} if memory_size is None else {"memory_size": memory_size}
     model = ckpt.model(**overrides).eval()
