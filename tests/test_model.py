@@ -577,3 +577,9 @@ def test_an_unknown_keyword_argument_lists_the_valid_ones():
     with pytest.raises(TypeError, match=r"NTMCell got unexpected keyword argument\(s\) "
                                         r"memory_sise; valid: controller, controller_size, "):
         build(NTMCell, memory_sise=9)
+    # NTM's own keywords among them: the list left out batch_first, engine, device and dtype,
+    # and so read as if engine were not one
+    with pytest.raises(TypeError, match=r"NTM got unexpected keyword argument\(s\) engin; "
+                                        r"valid: .*max_gamma, batch_first, engine, device, "
+                                        r"dtype$"):
+        build(NTM, engin="fast")

@@ -252,9 +252,9 @@ class _NTMBase(nn.Module):
         factory = {"device": device, "dtype": dtype}
         self.input_size = _positive_int("input_size", input_size)
         self.output_size = _positive_int("output_size", output_size)
-        valid = [f.name for f in dataclasses.fields(NTMOptions)]
-        unknown = sorted(set(options) - set(valid))
-        if unknown:
+        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(NTMOptions)})
+        if unknown:  # valid: every keyword of the class's own signature (NTM's engine too)
+            valid = list(inspect.signature(type(self)).parameters)[2:]
             raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; valid: {', '.join(valid)}")
         self.options = NTMOptions(**options).checked()
