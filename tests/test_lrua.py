@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import re
 
 import numpy as np
 import pytest
@@ -631,6 +632,8 @@ def test_wrong_input_shapes_name_expected_and_actual():
         build(batch_first=True)(inputs((B, IN)))
     with pytest.raises(ValueError, match=r"length 0"):
         mann(inputs((0, B, IN)))
+    with pytest.raises(ValueError, match=r"MANN got a batch of 0 sequences"):
+        mann(inputs((T, 0, IN)))
     with pytest.raises(ValueError, match=r"\[batch, 6\], got \[5, 3, 6\]; .* use MANN"):
         cell(inputs())
     with pytest.raises(ValueError, match=r"dtype torch.float64 .* got torch.float32"):
@@ -646,6 +649,35 @@ def test_a_state_from_another_batch_size_or_model_is_rejected():
         build(memory_size=N + 1)(inputs(), state)
     with pytest.raises(TypeError, match="MANNState"):
         mann(inputs(), tuple(state))
+
+
+@pytest.mark.parametrize("field", ["controller[1]", "memory", "usage", "read_weights",
+                                   "least_used", "reads"])
+def test_every_state_tensor_is_checked_against_the_inputs_dtype(field):
+    """Only the memory's dtype and device were checked: a float32 usage or reads in a float64
+    state ran on."""
+    mann = build()
+    _, state = mann(inputs())
+    if field == "controller[1]":
+        bad = state._replace(controller=(state.controller[0], state.controller[1].float()))
+    else:
+        bad = state._replace(**{field: getattr(state, field).float()})
+    with pytest.raises(ValueError, match=rf"state\.{re.escape(field)} has dtype torch.float32 "
+                                         r"but the input torch.float64: .*state.map"):
+        mann(inputs(), bad)
+
+
+def test_autocast_returns_a_state_of_one_dtype_that_can_be_passed_back():
+    """Under bfloat16 autocast the state came back mixed (reads in bfloat16, the rest float32),
+    and passing it on outside autocast then failed the dtype check."""
+    mann, cell = build(dtype=torch.float32), build(MANNCell, dtype=torch.float32)
+    x = inputs().float()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        _, state = mann(x)
+        _, cell_state = cell(x[0])
+    for s in (state, cell_state):
+        assert {t.dtype for t in s.tensors().values()} == {torch.float32}
+    assert mann(x, state)[0].dtype == torch.float32
 
 
 @pytest.mark.parametrize("bad, message", [

@@ -35,7 +35,9 @@ from torch_ntm.model import (
     MEMORY_INIT_CONSTANT,
     LSTMController,
     _cell_step,
+    _check_state_tensors,
     _choice,
+    _one_dtype,
     _positive_int,
 )
 
@@ -228,9 +230,7 @@ class _MANNBase(nn.Module):
                     f"memory {n}x{m}, {h} heads); was the state made for another batch size or "
                     f"model?"
                 )
-        if state.memory.dtype != ref.dtype or state.memory.device != ref.device:
-            raise ValueError(f"state is {state.memory.dtype} on {state.memory.device} but the "
-                             f"input is {ref.dtype} on {ref.device}")
+        _check_state_tensors(state, ref)
 
     def _heads(self, raw: Tensor) -> HeadParameters:
         """Split ``[B, H, sum(fields)]`` raw parameters into named, activated fields."""
@@ -366,6 +366,8 @@ class MANN(_MANNBase):
             x = x.transpose(0, 1)
         if x.shape[0] == 0:
             raise ValueError("MANN got an input sequence of length 0")
+        if x.shape[1] == 0:
+            raise ValueError("MANN got a batch of 0 sequences")
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
@@ -381,7 +383,7 @@ class MANN(_MANNBase):
                 y, state = self._step(x_t, state)
                 outputs.append(y)
             y = torch.stack(outputs)  # (T, B, output_size)
-        return (y.transpose(0, 1) if self.batch_first else y), state
+        return _one_dtype((y.transpose(0, 1) if self.batch_first else y), state, x)
 
     def _forward_compiled(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
         """The "compiled" engine: ``x`` ``[T, B, input_size]`` -> ``([T, B, output_size], state)``.

@@ -395,15 +395,7 @@ class _NTMBase(nn.Module):
         elif not (isinstance(got, tuple) and not got):
             raise ValueError(f"state.controller must be () for a feed-forward controller; got "
                              f"{_shapes(got)}: was the state made for another controller?")
-        for name, t in state.tensors().items():
-            if t.dtype != ref.dtype:
-                raise ValueError(f"state.{name} has dtype {t.dtype} but the input {ref.dtype}: "
-                                 f"pass a state of the input's dtype, e.g. "
-                                 f"state.map(lambda t: t.to({ref.dtype}))")
-            if t.device != ref.device:
-                raise ValueError(f"state.{name} is on {t.device} but the input is on "
-                                 f"{ref.device}: move it, e.g. state.map(lambda t: "
-                                 f"t.to('{ref.device}'))")
+        _check_state_tensors(state, ref)
 
     def _step(self, x: Tensor, state: NTMState, record: bool = False):
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
@@ -462,9 +454,23 @@ def _one_dtype(y: Tensor, state, x: Tensor):
     leaves it mixed (the linear layers' outputs, so the weightings and reads, in the low
     precision; the memory and LSTM cells in the parameters'), and a state passed back is
     checked against the input's dtype."""
-    if torch.is_autocast_enabled(x.device.type) and isinstance(state, NTMState):
+    if torch.is_autocast_enabled(x.device.type):  # an NTMState or a MANNState
         state = state.map(lambda t: t.to(x.dtype))
     return y, state
+
+
+def _check_state_tensors(state, ref: Tensor) -> None:
+    """Every tensor of ``state`` (an `NTMState` or `torch_ntm.MANNState`) in the dtype and on the
+    device of the input ``ref``, or a clear error naming the first that is not."""
+    for name, t in state.tensors().items():
+        if t.dtype != ref.dtype:
+            raise ValueError(f"state.{name} has dtype {t.dtype} but the input {ref.dtype}: "
+                             f"pass a state of the input's dtype, e.g. "
+                             f"state.map(lambda t: t.to({ref.dtype}))")
+        if t.device != ref.device:
+            raise ValueError(f"state.{name} is on {t.device} but the input is on "
+                             f"{ref.device}: move it, e.g. state.map(lambda t: "
+                             f"t.to('{ref.device}'))")
 
 
 def _check_cell_input(cell: nn.Module, x: object) -> None:
