@@ -3,6 +3,7 @@ the eager function at lengths and batch sizes it was not traced at."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from torch.export import Dim
 from torch.utils._pytree import tree_map
@@ -62,3 +63,10 @@ def test_a_program_exported_with_a_state_takes_one_of_another_batch_size():
                                   dynamic_shapes={"x": {0: Dim("T"), 1: batch}, "state": shapes})
     _, other = model(torch.rand(2, 4, 9, dtype=torch.float64))
     _check_agrees(program, model, torch.rand(7, 4, 9, dtype=torch.float64), other)
+
+
+def test_torch_jit_trace_is_refused_with_the_way_to_export():
+    """It failed with "batch_size must be an integer >= 1, got tensor(4)", a batch size the
+    user never gave."""
+    with pytest.raises(RuntimeError, match=r"torch.jit.trace .* use torch.export.export"):
+        torch.jit.trace(NTM(4, 3), (torch.rand(5, 2, 4),))

@@ -634,6 +634,11 @@ class NTM(_NTMBase):
             `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
             last step.
         """
+        if torch.jit.is_tracing():  # it failed in the initial state, on a traced batch size
+            raise RuntimeError(
+                "NTM does not support torch.jit.trace (a trace would also fix the sequence "
+                "length); use torch.export.export(ntm, (x,), dynamic_shapes=...), which traces "
+                "one program for every length (README, Export)")
         if isinstance(x, PackedSequence):
             return self._forward_packed(x, state)
         if not isinstance(x, Tensor):
