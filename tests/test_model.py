@@ -527,6 +527,27 @@ def test_per_sample_gradients_by_vmap(cfg):
                                        msg=f"{name}, sequence {b}")
 
 
+@pytest.mark.parametrize("engine, per_step", [("eager", True), ("fast", False),
+                                              ("native", False)])
+def test_forward_hooks_fire_as_the_readme_says(engine, per_step):
+    ntm = build(engine=engine)
+    calls = dict.fromkeys(["controller", "head_params", "output", "ntm"], 0)
+
+    def count(name):
+        return lambda *_: calls.__setitem__(name, calls[name] + 1)
+
+    for name in ("controller", "head_params", "output"):
+        getattr(ntm, name).register_forward_hook(count(name))
+    ntm.register_forward_hook(count("ntm"))
+    ntm(inputs().float())
+    if per_step:
+        assert calls == {"controller": T, "head_params": T, "output": T, "ntm": 1}
+    else:
+        assert calls == {"controller": 0, "head_params": 0, "output": 1, "ntm": 1}
+    ntm.trace(inputs().float())  # every step's modules, on any engine
+    assert calls["controller"] == (2 if per_step else 1) * T
+
+
 def test_trace_refuses_what_is_not_a_tensor():
     with pytest.raises(TypeError, match=r"NTM expects a tensor .* got ndarray"):
         build(NTM).trace(torch.zeros(T, B, IN).numpy())
