@@ -151,8 +151,16 @@ def test_bad_json_and_foreign_json_and_missing_run(run_dir, tmp_path):
     (run_dir / "checkpoint.json").write_text(json.dumps({"hello": 1}))
     with pytest.raises(CheckpointError, match="not a torch-ntm checkpoint"):
         load_checkpoint(run_dir)
-    with pytest.raises(CheckpointError, match="no such checkpoint"):
+    with pytest.raises(CheckpointError, match="no such checkpoint") as error:
         load_checkpoint(tmp_path / "nowhere")
+    assert "pretrained" not in str(error.value)
+
+
+def test_a_shipped_models_name_given_as_a_path_points_to_pretrained(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no run directory called "copy" here
+    with pytest.raises(CheckpointError, match=r"copy: no such checkpoint .*; for the shipped "
+                                              r"model, pretrained.path\('copy'\)"):
+        load_checkpoint("copy")
 
 
 def test_weights_from_another_configuration_are_rejected(run_dir, tmp_path):

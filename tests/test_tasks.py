@@ -228,6 +228,13 @@ def test_bad_batch_size(name, bad):
         SMALL[name].sample(bad)
 
 
+def test_a_seed_given_as_the_generator_says_how_to_make_one():
+    """It failed with "'int' object has no attribute 'device'"."""
+    with pytest.raises(TypeError, match=r"generator must be a torch.Generator .* got int; "
+                                        r"for a seed, pass torch.Generator\(\).manual_seed\(5\)"):
+        SMALL["copy"].sample(2, generator=5)
+
+
 def _size_of(name, task, batch):
     """The main size knob of every sequence of a batch, read from the batch."""
     B = batch.mask.shape[1]

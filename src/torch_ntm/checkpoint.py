@@ -277,8 +277,14 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     if path.is_dir():
         path = path / CHECKPOINT_JSON
     if not path.exists():
+        from torch_ntm import pretrained
+
+        hint = ""
+        if path.parts and path.parts[0] in pretrained.names():  # "copy": the shipped name
+            hint = (f"; for the shipped model, pretrained.path({path.parts[0]!r}) (or "
+                    f"pretrained.load, or --pretrained on the command line)")
         raise CheckpointError(f"{path}: no such checkpoint (expected a run directory or a "
-                              f"{CHECKPOINT_JSON} file)")
+                              f"{CHECKPOINT_JSON} file){hint}")
     if path.suffix == ".safetensors":  # the weights alone: their shapes do not say the model
         raise CheckpointError(f"{path}: a weights file; pass its run directory ({path.parent}) "
                               f"or the {CHECKPOINT_JSON} beside it, which says the model")

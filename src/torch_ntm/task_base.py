@@ -100,6 +100,10 @@ class Task:
             ``[T, B]`` (batch and time swapped if ``batch_first``).
         """
         _check_int("batch_size", batch_size, 1)
+        if generator is not None and not isinstance(generator, torch.Generator):
+            raise TypeError(f"generator must be a torch.Generator (or None), got "
+                            f"{type(generator).__name__}; for a seed, pass "
+                            f"torch.Generator().manual_seed({generator!r})")
         if generator is not None and generator.device.type != "cpu":
             raise ValueError(f"tasks sample on the CPU; got a generator on {generator.device}")
         batch = self._sample(batch_size, generator)
