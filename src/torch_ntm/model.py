@@ -97,7 +97,7 @@ class LSTMController(nn.Module):
         hs, cs = [], []
         # torch.vmap has no batching rule for nn.LSTMCell's fused op: there, the same cell of
         # plain ops (equal to float rounding)
-        step = _lstm_cell if torch._C._are_functorch_transforms_active() else _call
+        step = _lstm_cell if torch._C._are_functorch_transforms_active() else _fused_lstm_cell
         for layer, cell in enumerate(self.cells):
             h, c = step(cell, x, (h_prev[layer], c_prev[layer]))
             hs.append(h)
@@ -106,7 +106,8 @@ class LSTMController(nn.Module):
         return x, (torch.stack(hs), torch.stack(cs))
 
 
-def _call(cell: nn.LSTMCell, x: Tensor, state: tuple) -> tuple[Tensor, Tensor]:
+def _fused_lstm_cell(cell: nn.LSTMCell, x: Tensor, state: tuple) -> tuple[Tensor, Tensor]:
+    """`nn.LSTMCell`'s own step (one fused op)."""
     return cell(x, state)
 
 
