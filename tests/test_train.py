@@ -630,3 +630,23 @@ def test_a_run_out_of_time_just_after_a_save_records_its_clock_as_spent(tmp_path
     assert first.step == 1 and first.elapsed_s >= 3
     again = train(config, tmp_path / "run", resume=True, progress=False)
     assert not again.trained and again.step == 1
+
+
+def test_a_resume_keeps_the_tensorboard_points_before_it(tmp_path):
+    """TensorBoard's points are at their sequence count, but the resume purged from its step
+    count on: resumed at step 6 (48 sequences), every point from 6 sequences on was dropped."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    overrides = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+                 "controller_size=8", "batch_size=8", "log_every=2", "eval_every=6",
+                 "eval_sizes=", "engine=fast"]
+    run = tmp_path / "run"
+    train(resolve_config("copy", overrides=[*overrides, "max_sequences=48"]), run,
+          progress=False)
+    train(resolve_config("copy", overrides=[*overrides, "max_sequences=96"]), run,
+          resume=True, progress=False)
+    logged = [int(r["sequences"]) for r in read_metrics(run / "metrics.csv", "train")]
+    assert logged == list(range(16, 97, 16))
+    events = EventAccumulator(str(run / "tb"))
+    events.Reload()
+    assert [e.step for e in events.Scalars("train/cost_bits")] == logged

@@ -64,13 +64,14 @@ def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict
 class MetricsLog:
     """Appends rows to ``run_dir/metrics.csv`` and TensorBoard.
 
-    Opened for a resume (``resume_step``), it first drops the rows after that step (written
-    after the checkpoint it resumes from), rewriting the file atomically: a kill keeps the old
-    rows. TensorBoard is optional at run time; the CSV is always written.
+    Opened for a resume (``resume_step``, at ``resume_sequences``), it first drops the rows after
+    that step (written after the checkpoint it resumes from), rewriting the file atomically: a
+    kill keeps the old rows; and TensorBoard drops its points after those sequences (its x axis).
+    TensorBoard is optional at run time; the CSV is always written.
     """
 
     def __init__(self, run_dir: Path, resume_step: int | None = None,
-                 extra_fields: tuple[str, ...] = ()):
+                 extra_fields: tuple[str, ...] = (), resume_sequences: int | None = None):
         from torch_ntm.checkpoint import _atomic_write
 
         self.path = run_dir / "metrics.csv"
@@ -88,7 +89,10 @@ class MetricsLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
 
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=resume_step)
+            # Points are logged at their sequence count, so the purge counts sequences (by the
+            # step, every resume wiped the points from that many sequences on: most of them).
+            purge = None if resume_step is None else resume_sequences + 1
+            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
         except ImportError:
             pass
 
