@@ -678,6 +678,21 @@ def test_a_reader_racing_a_save_gets_the_new_checkpoint(run, monkeypatch):
     assert load_checkpoint(run).step == 9 and not raced[0].exists()
 
 
+def test_a_loaded_checkpoint_keeps_its_best_weights_when_a_training_replaces_them(run):
+    """`ntm plot` on a run still training: it rebuilt the model a second time, seconds after
+    loading, and the training had saved again and removed the best validation's file."""
+    ckpt = load_checkpoint(run)
+    assert ckpt.best_metrics is not None
+    best_files = list(run.glob("best-*.safetensors"))
+    assert best_files
+    for path in best_files:  # what the next save of a training does to them
+        path.unlink()
+    kept = ckpt.model().state_dict()
+    for name, value in ckpt.model(memory_size=64).state_dict().items():
+        assert value.equal(kept[name]), name
+    assert ckpt.best() is not None
+
+
 def test_a_failure_while_rewriting_metrics_at_resume_keeps_the_old_rows(run, monkeypatch):
     import csv
 

@@ -368,6 +368,7 @@ class Checkpoint:
     extra: dict
     state_dict: dict
     _record: dict
+    _best: dict | None = None  # the best validation's file, read with the weights (or None)
 
     def task(self, **overrides):
         return build_task(self.config, **overrides)
@@ -411,7 +412,7 @@ class Checkpoint:
 
     def _best_tensors(self) -> dict:
         """The best validation's file: weights under ``model.``, optimizer state beside them."""
-        return _load_tensors(*_file_name(self.path, self._record, "best"))
+        return self._best
 
     def load_weights_into(self, model: nn.Module, state_dict: dict | None = None) -> None:
         """Load the latest weights (or ``state_dict``) into ``model``."""
@@ -475,19 +476,22 @@ def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
             _check_record(rec)
         except ConfigError as e:
             raise CheckpointError(f"{json_path}: invalid checkpoint record ({e})") from None
-        try:
+        try:  # the best validation's file too, now: a training replaces it as it saves
             state = _load_tensors(*_file_name(json_path, rec, "weights"))
+            best = _load_tensors(*_file_name(json_path, rec, "best")) if "best" in rec else None
             break
         except _Missing:
-            # A training saved a newer checkpoint between our reading the record and its file,
-            # and removed that file: the new record names the new one.
-            if attempt == 2 or _read_json(json_path).get("weights") == rec["weights"]:
+            # A training saved a newer checkpoint between our reading the record and its files,
+            # and removed them: the new record names the new ones.
+            now = _read_json(json_path)
+            if attempt == 2 or [now.get(k) for k in ("weights", "best")] == [
+                    rec.get(k) for k in ("weights", "best")]:
                 raise
     return Checkpoint(
         path=json_path, config=config, step=rec.get("step", 0),
         sequences=rec.get("sequences", 0), elapsed_s=float(rec.get("elapsed_s", 0.0)),
         metrics=rec.get("metrics", {}), extra=rec.get("extra", {}), state_dict=state,
-        _record=rec,
+        _record=rec, _best=best,
     )
 
 
