@@ -160,6 +160,36 @@ def test_lr_milestones_decay_the_rate_as_training_passes_them(tmp_path):
         resolve_config("copy", overrides=[*tiny, "lr_milestones=8,5"])
 
 
+def test_a_rate_given_on_resume_replaces_a_decayed_one_even_if_it_is_the_runs_own(tmp_path):
+    """``--resume RUN --set lr=X`` was ignored when X was the run's configured lr, though its
+    milestones had lowered the rate: 'a new lr' was read as 'another value than the config's'."""
+    from torch_ntm.cli import main
+
+    tiny = [*_TINY_LR, "lr_decay=0.5", "log_every=1"]
+    config = resolve_config("copy", overrides=[*tiny, "lr_milestones=5", "max_sequences=6"])
+    train(config, tmp_path / "run", progress=False)
+    assert _lr_of(tmp_path / "run") == pytest.approx(0.005)
+    longer = dataclasses.replace(config, max_sequences=8)
+    train(longer, tmp_path / "run", resume=True, progress=False)  # no rate given: kept
+    assert _lr_of(tmp_path / "run") == pytest.approx(0.005)
+    assert main(["train", "copy", "--resume", str(tmp_path / "run"), "--set", "lr=0.01",
+                 "--set", "max_sequences=10", "--no-plots", "--no-progress"]) == 0
+    assert _lr_of(tmp_path / "run") == pytest.approx(0.01)
+
+
+def test_a_rollback_after_a_resume_with_a_new_rate_decays_that_rate(tmp_path, monkeypatch):
+    """The rollback restored the best weights' optimizer state, and with it the rate from
+    before the resume: resumed at 0.1, it went on at 0.01 x 0.25, not 0.1 x 0.25."""
+    _scripted_validations(monkeypatch, [(5.0, 0.0), (4.0, 0.0), (40.0, 9.0)])
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=4",
+                                               "stop_bit_errors=-1"])
+    train(config, tmp_path / "run", progress=False)
+    assert _lr_of(tmp_path / "run") == pytest.approx(0.01)
+    faster = dataclasses.replace(config, max_sequences=6, lr=0.1)
+    train(faster, tmp_path / "run", resume=True, progress=False)  # falls apart, rolls back
+    assert _lr_of(tmp_path / "run") == pytest.approx(0.1 * 0.25)
+
+
 def _scripted_validations(monkeypatch, script, **extra):
     """Make the trainer's validations return ``script``'s (cost, bit errors) in turn, with the
     ``extra`` metrics, and record the weights each one saw."""

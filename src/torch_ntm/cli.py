@@ -234,8 +234,11 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     from torch_ntm.train import train
 
     started = time.perf_counter()
+    # A rate given on resume replaces the run's current one, even the value it started with.
+    new_lr = args.resume is not None and "lr" in {o.partition("=")[0].strip()
+                                                  for o in args.overrides}
     result = train(config, run_dir, resume=args.resume is not None,
-                   progress=False if args.no_progress else None)
+                   progress=False if args.no_progress else None, new_lr=new_lr or None)
     if not main_process:
         return 0
     wall = time.perf_counter() - started

@@ -503,8 +503,9 @@ def default_preset(task: str) -> str:
     return _DEFAULT_PRESETS.get(task, "ntm-lstm")
 
 
-# Keys that do not change the model or the data, so a run may be resumed with new values; a new
-# lr replaces the optimizer's current rate (to fine-tune a run at a lower one), milestones not
+# Keys that do not change the model or the data, so a run may be resumed with new values; an lr
+# given replaces the optimizer's current rate and the kept best's (to fine-tune a run at a lower
+# one; `train`'s new_lr says when, `ntm train --resume --set lr=` always), milestones not
 # yet passed apply from the resumed step on, and an ema_decay given to a run without one starts
 # the average from the resumed weights.
 RESUMABLE = frozenset({"max_sequences", "max_seconds", "eval_every", "log_every",

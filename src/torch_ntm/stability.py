@@ -77,6 +77,13 @@ class BestWeights:
             self.optimizer.load_state_dict(copy.deepcopy(self._optimizer_state))
         return self.score
 
+    def set_lr(self, lr: float) -> None:
+        """Give the kept optimizer state the rate ``lr`` (a resume with a new rate: a rollback
+        must not return to the old one)."""
+        if self._optimizer_state is not None:
+            for group in self._optimizer_state["param_groups"]:
+                group["lr"] = lr
+
     def state_dict(self) -> dict:
         """The kept weights and optimizer state with their score, to save with a checkpoint."""
         return {"score": self.score, "weights": self._weights,

@@ -286,8 +286,12 @@ def _progress(total: int, initial: int, enabled: bool | None):
 
 
 def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = False,
-          progress: bool | None = None) -> TrainResult:
+          progress: bool | None = None, new_lr: bool | None = None) -> TrainResult:
     """Train ``config`` into ``run_dir`` (or continue the run there when ``resume``).
+
+    On a resume, ``config.lr`` replaces the optimizer's current rate (decayed or not) and that
+    of the best weights a rollback would return to when ``new_lr``; by default (None) when it
+    differs from the run's own ``lr``. (``ntm train --resume RUN --set lr=X`` passes True.)
 
     Stops when ``config.patience_evals`` validations have had <= ``config.stop_bit_errors``
     bit errors per sequence, in the training distribution and at every ``eval_sizes`` and
@@ -298,7 +302,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     """
     config.check()  # a config built in Python: the checks the command line's parser makes
     with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
-        return _train(config, Path(run_dir), resume=resume, progress=progress)
+        return _train(config, Path(run_dir), resume=resume, progress=progress, new_lr=new_lr)
 
 
 def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
@@ -426,8 +430,10 @@ class _Run:
     """A run's objects (model, optimizer, data, validation sets, log) and its `_State`, with the
     named steps `_train` loops over."""
 
-    def __init__(self, config: TrainConfig, run_dir: Path, resume: bool):
+    def __init__(self, config: TrainConfig, run_dir: Path, resume: bool,
+                 new_lr: bool | None = None):
         torch.set_num_threads(config.threads)
+        self.new_lr = new_lr
         self.config, self.run_dir = config, run_dir
         self.world = _World(resolve_device(config.device))
         self.local = self.world.local_batch(config.batch_size)
@@ -499,9 +505,7 @@ class _Run:
         self.saved_step = self.state.step
         if self.spikes is not None:
             self.spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})
-        if self.config.lr != ckpt.config.lr:  # resumed with a new rate: it replaces the current
-            for group in self.optimizer.param_groups:
-                group["lr"] = self.config.lr
+        new_lr = self.config.lr != ckpt.config.lr if self.new_lr is None else self.new_lr
         if self.averaged is not None:
             self._restore_average(ckpt)
         kept = ckpt.best()
@@ -511,6 +515,10 @@ class _Run:
                                        "optimizer": kept.optimizer})
         elif self.state.metrics:
             self.best.offer(self.state.metrics)
+        if new_lr:  # it replaces the current rate, and the one a rollback would restore
+            self.best.set_lr(self.config.lr)
+            for group in self.optimizer.param_groups:
+                group["lr"] = self.config.lr
 
     def _restore_average(self, ckpt) -> None:
         saved = ckpt.averaged()
@@ -717,8 +725,9 @@ class _Run:
             self.log.close()
 
 
-def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None):
-    run = _Run(config, run_dir, resume)
+def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None,
+           new_lr: bool | None = None):
+    run = _Run(config, run_dir, resume, new_lr)
     state = run.state
     bar = _progress(config.max_sequences, state.sequences, progress if run.world.main else False)
     # Under torchrun the ranks could see a signal at different steps: there it stops at once.
