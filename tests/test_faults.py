@@ -372,11 +372,18 @@ def test_other_commands_check_their_values(run, tmp_path, capsys):
 
 @pytest.mark.parametrize("content", [b"\xff\xfe\x00garbage\n", b" \n", b"step,sequences,elapsed_s,"
                                      b"split,cost_bits,bit_errors,perfect\n,,,,,,\n",
-                                     b"step,sequences,elapsed_s,split\nabc,1,2,val\n"])
+                                     b"step,sequences,elapsed_s,split\nabc,1,2,val\n",
+                                     # numbers that are not (curves and plot raised ValueError)
+                                     b"step,sequences,elapsed_s,split,cost_bits\n5,abc,0.1,"
+                                     b"val,1\n",
+                                     b"step,sequences,elapsed_s,split,cost_bits\n5,8,0.1,"
+                                     b"val,yy\n"])
 def test_an_unreadable_metrics_file_is_one_line(run, capsys, content):
     (run / "metrics.csv").write_bytes(content)
     before = snapshot(run)
     err = one_line_error(capsys, ["curves", str(run), "--out", str(run.parent / "c.png")])
+    assert "metrics.csv" in err
+    err = one_line_error(capsys, ["plot", str(run), "--out", str(run.parent / "figures")])
     assert "metrics.csv" in err
     err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
                                   "--no-progress", "--set", "max_sequences=8"])

@@ -37,7 +37,8 @@ def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict
 
     Raises:
         CheckpointError: the file is not UTF-8 text with a header naming ``step`` and ``split``,
-            or a row's ``step`` is not an integer.
+            or a row's ``step`` or ``sequences`` is not an integer, or another of its numbers
+            not a number (an empty cell is none).
     """
     from torch_ntm.checkpoint import CheckpointError
 
@@ -54,11 +55,25 @@ def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict
         return []  # empty: not a row written yet
     if not {"step", "split"} <= set(reader.fieldnames):
         raise CheckpointError(f"{path}: not a metrics file (no step and split columns)")
+    numbers = [k for k in reader.fieldnames if k not in ("step", "sequences", "split")]
     for number, row in enumerate(rows, 2):
-        if not (row["step"] or "").isdigit():
-            raise CheckpointError(f"{path}: row {number} has step {row['step']!r}, not an "
-                                  f"integer")
+        for key in ("step", "sequences"):
+            if key in row and not (row[key] or "").isdigit():
+                raise CheckpointError(f"{path}: row {number} has {key} {row[key]!r}, not an "
+                                      f"integer; correct or delete that row")
+        for key in numbers:
+            if row[key] and not _is_number(row[key]):
+                raise CheckpointError(f"{path}: row {number} has {key} {row[key]!r}, not a "
+                                      f"number; correct or delete that row")
     return rows if split is None else [r for r in rows if r["split"] == split]
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 class MetricsLog:
