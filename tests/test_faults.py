@@ -359,6 +359,9 @@ def test_other_commands_check_their_values(run, tmp_path, capsys):
         (["pretrained", "export", str(run), "x", "--dest", str(tmp_path / "file")],
          "exists and is not a directory"),
         (["curves", str(run), "--out", str(tmp_path)], "is a directory"),
+        (["curves", str(run), "--out", str(tmp_path / "c.txt")],  # matplotlib's traceback
+         "c.txt: not an image file matplotlib writes; end it in one of .avif, "),
+        (["curves", str(run), "--out", str(tmp_path / "curves")], "(e.g. curves.png)"),
         # n-grams sequences are at least 6 long: a size the task refuses is a user's mistake
         (["evaluate", "--pretrained", "ngrams", "--lengths", "5"],
          "--lengths 5: not a length of this task"),

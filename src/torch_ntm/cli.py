@@ -436,6 +436,12 @@ def _cmd_curves(args) -> int:
         raise ConfigError(f"labels must differ, got {', '.join(labels)}; pass --labels")
     if args.out.is_dir():
         raise ConfigError(f"--out {args.out}: is a directory; name the PNG file to write")
+    from matplotlib.figure import Figure  # the formats matplotlib writes, by file suffix
+
+    formats = Figure().canvas.get_supported_filetypes()
+    if args.out.suffix.lower().lstrip(".") not in formats:
+        raise ConfigError(f"--out {args.out}: not an image file matplotlib writes; end it in "
+                          f"one of .{', .'.join(sorted(formats))} (e.g. curves.png)")
     print(plot_learning_curves(dict(zip(labels, args.runs)), args.out, split=args.split))
     return 0
 
