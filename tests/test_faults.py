@@ -234,12 +234,16 @@ def test_a_start_that_fails_on_a_bad_config_leaves_the_old_run_alone(run, capsys
 
 def test_overwrite_replaces_the_runs_files_and_keeps_the_others(run, capsys):
     (run / "notes.txt").write_text("mine")
+    (run / "figures").mkdir(exist_ok=True)  # the old run's figures (it left them with
+    (run / "figures" / "io.png").write_bytes(b"old")  # --no-plots), and one of the user's
+    (run / "figures" / "mine.png").write_bytes(b"mine")
     old_weights = {p.name for p in run.glob("weights-*")}
     assert main(train_argv(run, "--overwrite", "--set", "max_sequences=2")) == 0
     assert (run / "notes.txt").read_text() == "mine"
     assert load_checkpoint(run).sequences == 2
     assert not old_weights & {p.name for p in run.glob("weights-*")}
     assert {r["sequences"] for r in read_metrics(run / "metrics.csv")} == {"2"}  # none old
+    assert [p.name for p in (run / "figures").iterdir()] == ["mine.png"]
 
 
 @pytest.mark.parametrize("out", ["", "  ", "."])

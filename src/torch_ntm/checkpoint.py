@@ -259,9 +259,13 @@ def lock_run(run_dir: str | os.PathLike):
 
 
 def clear_run(run_dir: str | os.PathLike) -> None:
-    """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events) from
-    ``run_dir``, and nothing else; for ``ntm train --overwrite``."""
+    """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events, its
+    figures) from ``run_dir``, and nothing else; for ``ntm train --overwrite``."""
+    from torch_ntm.plot import RUN_FIGURES
+
     run_dir = Path(run_dir)
+    for name in RUN_FIGURES:  # a run without --no-plots would have left the old run's
+        (run_dir / "figures" / name).unlink(missing_ok=True)
     (run_dir / CHECKPOINT_JSON).unlink(missing_ok=True)  # first: no record names missing files
     _remove_superseded(run_dir, keep=set())
     for name in ("config.json", "metrics.csv"):

@@ -24,6 +24,10 @@ import torch
 from torch_ntm.evaluate import HELD_OUT_EPISODES
 from torch_ntm.runlog import read_metrics
 
+# The files `plot_run` writes into a run's figures/ (which `ntm train --overwrite` removes)
+RUN_FIGURES = ("io.png", "attention.png", "memory.png", "learning_curve.png", "accuracy.png",
+               "generalisation.png")
+
 __all__ = ["plot_run", "plot_learning_curves"]
 
 
