@@ -198,6 +198,9 @@ def test_resume_refuses_to_change_the_model(trained, capsys):
     assert main(["train", "copy", "--resume", str(trained), "--set", "lr_decay=0.5"]) == 2
     assert "only device, ema_decay, eval_every, log_every, lr, lr_milestones, max_seconds" in (
         capsys.readouterr().err)
+    # a task parameter by the key --set takes (it said "task_params")
+    assert main(["train", "copy", "--resume", str(trained), "--set", "task.max_length=5"]) == 2
+    assert "--resume cannot change task.max_length; only " in capsys.readouterr().err
 
 
 def test_corrupt_checkpoint_is_one_line_naming_the_file(trained, tmp_path, capsys):

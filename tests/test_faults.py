@@ -246,6 +246,27 @@ def test_overwrite_replaces_the_runs_files_and_keeps_the_others(run, capsys):
     assert [p.name for p in (run / "figures").iterdir()] == ["mine.png"]
 
 
+def test_a_run_stopped_before_its_first_checkpoint_says_to_start_it_again(tmp_path, capsys):
+    """Neither message said why: 'no such checkpoint' and 'is not empty'."""
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text("{}")
+    (run / "metrics.csv").write_text("")
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run)])
+    assert err.rstrip().endswith(f"its run was stopped before its first checkpoint: start it "
+                                 f"again with ntm train ... --out {run} --overwrite")
+    err = one_line_error(capsys, train_argv(run))
+    assert err.rstrip().endswith("it holds a run stopped before its first checkpoint, which "
+                                 "--overwrite starts again")
+
+
+def test_resume_takes_the_checkpoint_file_as_evaluate_does(run, capsys):
+    """It failed with 'cannot write the run directory (File exists)'."""
+    assert main(["train", "copy", "--resume", str(run / "checkpoint.json"), "--no-plots",
+                 "--no-progress", "--set", "max_sequences=8"]) == 0
+    assert load_checkpoint(run).sequences == 8
+
+
 @pytest.mark.parametrize("out", ["", "  ", "."])
 def test_out_refuses_the_empty_name_and_the_current_directory(tmp_path, monkeypatch, capsys,
                                                                out):

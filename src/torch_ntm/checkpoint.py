@@ -284,7 +284,10 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
         from torch_ntm import pretrained
 
         hint = ""
-        if path.parts and path.parts[0] in pretrained.names():  # "copy": the shipped name
+        if (path.parent / "config.json").exists():  # a training's first files, no checkpoint
+            hint = (f"; its run was stopped before its first checkpoint: start it again with "
+                    f"ntm train ... --out {path.parent} --overwrite")
+        elif path.parts and path.parts[0] in pretrained.names():  # "copy": the shipped name
             hint = (f"; for the shipped model, pretrained.path({path.parts[0]!r}) (or "
                     f"pretrained.load, or --pretrained on the command line)")
         raise CheckpointError(f"{path}: no such checkpoint (expected a run directory or a "

@@ -168,6 +168,7 @@ def _cmd_train(args) -> int:
             raise ConfigError(f"{', '.join(given)} cannot be given with --resume: the run "
                               f"continues in its own directory with its own settings")
         ckpt = load_checkpoint(args.resume)
+        args.resume = ckpt.path.parent  # RUN/checkpoint.json, as evaluate takes it: the run
         if ckpt.config.task != args.task:
             raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
         config = apply_overrides(ckpt.config, args.overrides)
@@ -220,8 +221,10 @@ def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
         held = sorted(p.name for p in run_dir.iterdir() if p.name != LOCK)
         if held:
             listed = ", ".join(held[:3]) + (", ..." if len(held) > 3 else "")
+            stopped = ("; it holds a run stopped before its first checkpoint, which "
+                       "--overwrite starts again" if "config.json" in held else "")
             raise ConfigError(f"--out {run_dir}: is not empty (holds {listed}); choose a new "
-                              f"directory, or pass --overwrite to train into it")
+                              f"directory, or pass --overwrite to train into it{stopped}")
     return run_dir
 
 

@@ -518,6 +518,10 @@ def check_resume(saved: TrainConfig, config: TrainConfig) -> None:
     config of the run it would continue) outside `RESUMABLE`."""
     frozen = [f.name for f in dataclasses.fields(config) if f.name not in RESUMABLE
               and getattr(config, f.name) != getattr(saved, f.name)]
+    if "task_params" in frozen and type(config.task_params) is type(saved.task_params):
+        frozen.remove("task_params")  # by the key as --set gives it: task.max_length
+        frozen += [f"task.{f.name}" for f in dataclasses.fields(config.task_params)
+                   if getattr(config.task_params, f.name) != getattr(saved.task_params, f.name)]
     if frozen:
         raise ConfigError(f"--resume cannot change {', '.join(frozen)}; only "
                           f"{', '.join(sorted(RESUMABLE))} may be changed when resuming")
