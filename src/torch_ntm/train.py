@@ -734,6 +734,8 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
     stop = _StopSignals(enabled=run.world.size == 1)
     completed = False
     try:
+        if not resume and config.init_from:  # the weights it starts from are a candidate too:
+            run.validate()  # without this one, a fine-tuning could only keep worse ones
         while not run.finished:
             if stop.signum is not None:  # between two steps: the state is consistent
                 run._clock()
