@@ -238,6 +238,10 @@ def test_a_sweep_run_again_reuses_complete_seeds_and_resumes_the_others(tmp_path
     again = json.loads((out / "report.json").read_text())
     assert again["reused"] == [0, 1] and again["exit_codes"] == {}
     assert again["seeds"] == report["seeds"]
+    # A smaller budget: the report would have said "32 sequences each" of runs of 80.
+    assert main([*argv, "--sequences", "32"]) == 2
+    assert ("seed-0 holds a run with a budget of 80 sequences, more than --sequences 32; pass "
+            "--sequences 80 to reuse it") in capsys.readouterr().err
 
 
 @pytest.mark.slow

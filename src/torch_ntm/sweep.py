@@ -489,6 +489,11 @@ def _existing_run(run_dir: Path, config, sequences: int) -> str:
         raise ConfigError(f"{run_dir} already holds a run with other settings "
                           f"({', '.join(other)}); remove it or choose another --out or "
                           f"--first-seed")
+    if ckpt.config.max_sequences > sequences:  # the report would say fewer than it trained
+        raise ConfigError(f"{run_dir} holds a run with a budget of "
+                          f"{ckpt.config.max_sequences:,} sequences, more than --sequences "
+                          f"{sequences:,}; pass --sequences {ckpt.config.max_sequences} to "
+                          f"reuse it, or choose another --out")
     return "complete" if ckpt.sequences >= sequences else "resume"
 
 
