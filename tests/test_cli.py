@@ -192,6 +192,23 @@ def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):
             "compiled, native, eager, got 'fast,turbo'") in err and "Traceback" not in err
 
 
+@pytest.mark.parametrize("command", [["evaluate", "--pretrained", "copy"],
+                                     ["plot", "--pretrained", "copy"]])
+def test_a_memory_size_below_one_is_a_usage_error_naming_the_flag(command, capsys):
+    """It said "the model cannot be built from this config", not which flag was wrong."""
+    with pytest.raises(SystemExit) as exit:
+        main([*command, "--memory-size", "-5"])
+    assert exit.value.code == 2
+    assert ("error: argument --memory-size: expected a positive integer, got '-5'"
+            in capsys.readouterr().err)
+
+
+def test_an_engine_named_twice_is_benchmarked_once():
+    from torch_ntm.cli import _engine_list
+
+    assert _engine_list("native,eager,native") == ["native", "eager"]
+
+
 def test_resume_refuses_to_change_the_model(trained, capsys):
     assert main(["train", "copy", "--resume", str(trained), "--set", "controller_size=9"]) == 2
     assert "--resume cannot change controller_size" in capsys.readouterr().err

@@ -25,6 +25,16 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return value
+
+
 def _engine_list(text: str) -> list[str]:
     from torch_ntm.model import ENGINES
 
@@ -33,7 +43,7 @@ def _engine_list(text: str) -> list[str]:
     if not values or unknown:
         raise argparse.ArgumentTypeError(
             f"expected comma-separated engines from {', '.join(ENGINES)}, got {text!r}")
-    return values
+    return list(dict.fromkeys(values))  # each once: a repeat measured the same twice
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -70,7 +80,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="a shipped model instead of a run (see: ntm pretrained list)")
     p.add_argument("--lengths", type=_int_list, default=None, metavar="L1,L2,...",
                    help="task sizes (copy: sequence lengths; recall: items); default per task")
-    p.add_argument("--memory-size", type=int, default=None, metavar="N",
+    p.add_argument("--memory-size", type=_positive_int, default=None, metavar="N",
                    help="rebuild the NTM with N memory rows (weights unchanged); default: "
                    "the run's eval_memory_size, else its memory_size")
     p.add_argument("--sequences", type=int, default=None,
@@ -88,7 +98,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--pretrained", default=None, metavar="NAME",
                    help="a shipped model instead of a run (see: ntm pretrained list)")
     p.add_argument("--length", type=int, default=None, help="task size of the example sequence")
-    p.add_argument("--memory-size", type=int, default=None, metavar="N")
+    p.add_argument("--memory-size", type=_positive_int, default=None, metavar="N")
     p.add_argument("--out", type=Path, default=None,
                    help="folder (default RUN/figures, or ./figures-NAME for --pretrained)")
 
