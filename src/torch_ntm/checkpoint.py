@@ -258,11 +258,16 @@ def lock_run(run_dir: str | os.PathLike):
             os.close(fd)
 
 
+# The files `torch_ntm.plot.plot_run` writes into a run's figures/ (`clear_run` removes them)
+RUN_FIGURES = ("io.png", "attention.png", "memory.png", "learning_curve.png", "accuracy.png",
+               "generalisation.png")
+# Where the shipped models live (`torch_ntm.pretrained.ROOT`)
+SHIPPED = Path(__file__).parent / "pretrained"
+
+
 def clear_run(run_dir: str | os.PathLike) -> None:
     """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events, its
     figures) from ``run_dir``, and nothing else; for ``ntm train --overwrite``."""
-    from torch_ntm.plot import RUN_FIGURES
-
     run_dir = Path(run_dir)
     for name in RUN_FIGURES:  # a run without --no-plots would have left the old run's
         (run_dir / "figures" / name).unlink(missing_ok=True)
@@ -281,13 +286,11 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
     if path.is_dir():
         path = path / CHECKPOINT_JSON
     if not path.exists():
-        from torch_ntm import pretrained
-
         hint = ""
         if (path.parent / "config.json").exists():  # a training's first files, no checkpoint
             hint = (f"; its run was stopped before its first checkpoint: start it again with "
                     f"ntm train ... --out {path.parent} --overwrite")
-        elif path.parts and path.parts[0] in pretrained.names():  # "copy": the shipped name
+        elif path.parts and (SHIPPED / path.parts[0] / CHECKPOINT_JSON).is_file():  # "copy"
             hint = (f"; for the shipped model, pretrained.path({path.parts[0]!r}) (or "
                     f"pretrained.load, or --pretrained on the command line)")
         raise CheckpointError(f"{path}: no such checkpoint (expected a run directory or a "

@@ -24,10 +24,6 @@ import torch
 from torch_ntm.evaluate import HELD_OUT_EPISODES
 from torch_ntm.runlog import read_metrics
 
-# The files `plot_run` writes into a run's figures/ (which `ntm train --overwrite` removes)
-RUN_FIGURES = ("io.png", "attention.png", "memory.png", "learning_curve.png", "accuracy.png",
-               "generalisation.png")
-
 __all__ = ["plot_run", "plot_learning_curves"]
 
 
@@ -136,7 +132,7 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
                else trace.read_weights[:, 0, 0])
     rows = _visited_rows(weights)
     steps = sorted({round(i * (memory.shape[0] - 1) / (snapshots - 1)) for i in range(snapshots)})
-    lim = float(memory[:, rows].abs().max()) or 1.0
+    lim = float(memory[:, rows].detach().abs().max()) or 1.0
     fig, axes = plt.subplots(1, len(steps), figsize=(3.2 * len(steps), 4.5), squeeze=False,
                              layout="constrained")
     for ax, t in zip(axes[0], steps):

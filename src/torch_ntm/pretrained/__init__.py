@@ -21,12 +21,18 @@ from pathlib import Path
 
 from torch import nn
 
-from torch_ntm.checkpoint import CHECKPOINT_JSON, Checkpoint, load_checkpoint, save_checkpoint
+from torch_ntm.checkpoint import (
+    CHECKPOINT_JSON,
+    SHIPPED,
+    Checkpoint,
+    load_checkpoint,
+    save_checkpoint,
+)
 from torch_ntm.config import ConfigError
 
 __all__ = ["ROOT", "names", "path", "info", "load", "export"]
 
-ROOT = Path(__file__).parent  # where shipped models live; ``root=`` arguments look elsewhere
+ROOT = SHIPPED  # where shipped models live (this folder); ``root=`` arguments look elsewhere
 
 _NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.-]*")  # a plain folder name: no paths, no dot-files
 
