@@ -95,6 +95,19 @@ def test_a_record_naming_a_file_outside_the_run_is_refused(run, tmp_path, key):
     assert victim.read_bytes() == b"the user's own file"
 
 
+@pytest.mark.parametrize("key, value", [("lr", "x"), ("eps", None), ("betas", [0.9, "y"])])
+def test_a_hand_edited_optimizer_setting_is_a_one_line_error_at_resume(run, capsys, key,
+                                                                      value):
+    """lr = "x" passed loading and failed at the first step, in torch's Adam ("unsupported
+    operand type(s) for /: 'str' and 'float'")."""
+    record = json.loads((run / "checkpoint.json").read_text())
+    record["optimizer"]["param_groups"][0][key] = value
+    edit_record(run, optimizer=record["optimizer"])
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
+                                  "--no-progress", "--set", "max_sequences=8"])
+    assert f"optimizer state does not fit this configuration (param_groups {key} is" in err
+
+
 def _optimizer(ckpt):
     from torch_ntm.train import make_optimizer
 

@@ -139,6 +139,14 @@ def _optimizer_join(tensors: dict, meta: dict) -> dict:
     for name, value in meta["scalars"].items():
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
+    for group in meta["param_groups"]:  # what the optimizer computes with, checked here: a
+        # value of another type passed loading and failed at the first step
+        for key in ("lr", "eps", "weight_decay", "momentum", "alpha", "dampening"):
+            if key in group and not _number(group[key]):
+                raise ValueError(f"param_groups {key} is {group[key]!r}, not a number")
+        if "betas" in group and not (isinstance(group["betas"], list)
+                                     and all(_number(b) for b in group["betas"])):
+            raise ValueError(f"param_groups betas is {group['betas']!r}, not two numbers")
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
