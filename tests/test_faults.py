@@ -387,6 +387,14 @@ def test_preset_empty_and_seed_out_of_range_are_one_line(tmp_path, capsys):
     assert not list(tmp_path.iterdir())
 
 
+def test_curves_of_a_run_with_no_validation_yet_says_so(run, capsys):
+    """It said "not a run directory?" of a run that had just not validated yet."""
+    lines = (run / "metrics.csv").read_text().splitlines()
+    (run / "metrics.csv").write_text("\n".join(lines[:1]) + "\n")
+    err = one_line_error(capsys, ["curves", str(run), "--out", str(run.parent / "c.png")])
+    assert "no val rows in metrics.csv (none logged yet: a run writes its first at" in err
+
+
 def test_other_commands_check_their_values(run, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     cases = [
@@ -397,6 +405,7 @@ def test_other_commands_check_their_values(run, tmp_path, capsys):
         (["pretrained", "export", str(run), "x", "--dest", str(tmp_path / "file")],
          "exists and is not a directory"),
         (["curves", str(run), "--out", str(tmp_path)], "is a directory"),
+        (["curves", str(tmp_path), "--labels", "x"], "(not a run directory?)"),
         (["curves", str(run), "--out", str(tmp_path / "c.txt")],  # matplotlib's traceback
          "c.txt: not an image file matplotlib writes; end it in one of .avif, "),
         (["curves", str(run), "--out", str(tmp_path / "curves")], "(e.g. curves.png)"),

@@ -191,8 +191,10 @@ def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val"
         if not rows:
             from torch_ntm.checkpoint import CheckpointError
 
-            raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv "
-                                  f"(not a run directory?)")
+            why = ("not a run directory?" if not (Path(run_dir) / "metrics.csv").exists() else
+                   "none logged yet: a run writes its first at eval_every (val) or log_every "
+                   "(train) steps")
+            raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv ({why})")
         curves.append((label, "-" if split == "train" else ".-", rows))
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
