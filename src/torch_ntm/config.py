@@ -22,7 +22,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
     "resolve_device", "check_memory_size", "default_preset", "check_resume", "MODELS",
-    "OPTIMIZERS", "RESUMABLE",
+    "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
@@ -513,15 +513,21 @@ RESUMABLE = frozenset({"max_sequences", "max_seconds", "eval_every", "log_every"
                        "lr_milestones", "ema_decay"})
 
 
+def differing_keys(a: TrainConfig, b: TrainConfig) -> list[str]:
+    """The keys in which ``a`` and ``b`` differ, as ``--set`` names them: the task's as
+    ``task.KEY`` (``task_params`` itself only where the two configs have different tasks)."""
+    keys = [f.name for f in dataclasses.fields(a)
+            if f.name != "task_params" and getattr(a, f.name) != getattr(b, f.name)]
+    if type(a.task_params) is not type(b.task_params):
+        return [*keys, "task_params"]
+    return keys + [f"task.{f.name}" for f in dataclasses.fields(a.task_params)
+                   if getattr(a.task_params, f.name) != getattr(b.task_params, f.name)]
+
+
 def check_resume(saved: TrainConfig, config: TrainConfig) -> None:
     """Raise `ConfigError` naming the keys in which ``config`` differs from ``saved`` (the
     config of the run it would continue) outside `RESUMABLE`."""
-    frozen = [f.name for f in dataclasses.fields(config) if f.name not in RESUMABLE
-              and getattr(config, f.name) != getattr(saved, f.name)]
-    if "task_params" in frozen and type(config.task_params) is type(saved.task_params):
-        frozen.remove("task_params")  # by the key as --set gives it: task.max_length
-        frozen += [f"task.{f.name}" for f in dataclasses.fields(config.task_params)
-                   if getattr(config.task_params, f.name) != getattr(saved.task_params, f.name)]
+    frozen = [key for key in differing_keys(config, saved) if key not in RESUMABLE]
     if frozen:
         raise ConfigError(f"--resume cannot change {', '.join(frozen)}; only "
                           f"{', '.join(sorted(RESUMABLE))} may be changed when resuming")

@@ -40,7 +40,7 @@ import typing
 from pathlib import Path
 
 from torch_ntm.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint
-from torch_ntm.config import ConfigError, apply_overrides, resolve_config
+from torch_ntm.config import ConfigError, apply_overrides, differing_keys, resolve_config
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import read_metrics
 
@@ -483,8 +483,7 @@ def _existing_run(run_dir: Path, config, sequences: int) -> str:
     except CheckpointError as e:
         raise ConfigError(f"{run_dir} holds a run that cannot be continued ({e}); remove it "
                           f"or choose another --out") from None
-    other = [f.name for f in dataclasses.fields(config) if f.name not in ("max_sequences",)
-             and getattr(config, f.name) != getattr(ckpt.config, f.name)]
+    other = [key for key in differing_keys(config, ckpt.config) if key != "max_sequences"]
     if other:
         raise ConfigError(f"{run_dir} already holds a run with other settings "
                           f"({', '.join(other)}); remove it or choose another --out or "

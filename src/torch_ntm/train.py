@@ -31,7 +31,14 @@ from torch_ntm.checkpoint import (
     lock_run,
     save_checkpoint,
 )
-from torch_ntm.config import OPTIMIZERS, ConfigError, TrainConfig, check_resume, resolve_device
+from torch_ntm.config import (
+    OPTIMIZERS,
+    ConfigError,
+    TrainConfig,
+    check_resume,
+    differing_keys,
+    resolve_device,
+)
 from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.flat_optim import FlatOptimizer
@@ -348,22 +355,23 @@ def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
         except (ConfigError, ValueError, TypeError):  # not buildable alone: it matters
             return True
 
-    def differing(ours_, theirs_, prefix: str, skip: tuple):
-        """(key, ours, theirs, ours with that key set to theirs) for each key that differs."""
-        for f in dataclasses.fields(ours_):
-            mine, other = getattr(ours_, f.name), getattr(theirs_, f.name)
-            if f.name not in skip and mine != other:
-                yield prefix + f.name, mine, other, dataclasses.replace(ours_, **{f.name: other})
+    def theirs_for(key: str) -> tuple:
+        """(ours' value of ``key``, theirs, ours with that key set to theirs)."""
+        name = key.removeprefix("task.")
+        if name == key:
+            other = getattr(theirs, key)
+            return getattr(ours, key), other, dataclasses.replace(ours, **{key: other})
+        other = getattr(theirs.task_params, name)
+        task = dataclasses.replace(ours.task_params, **{name: other})
+        return getattr(ours.task_params, name), other, dataclasses.replace(ours, task_params=task)
 
     here = signature(ours)
     found = [f"task {theirs.task!r} (here {ours.task!r})"] if theirs.task != ours.task else []
-    keys = list(differing(ours, theirs, "", ("init_from", "task_params", "task")))
-    if type(theirs.task_params) is type(ours.task_params):  # task.KEY, on the same task
-        keys += [(key, mine, other, dataclasses.replace(ours, task_params=task)) for
-                 key, mine, other, task in differing(ours.task_params, theirs.task_params,
-                                                     "task.", ())]
-    found += [f"{key}={other!r} (here {mine!r})" for key, mine, other, changed in keys
-              if matters(changed)]
+    for key in differing_keys(ours, theirs):
+        if key not in ("init_from", "task_params", "task"):
+            mine, other, changed = theirs_for(key)
+            if matters(changed):
+                found.append(f"{key}={other!r} (here {mine!r})")
     return ", ".join(found)
 
 
