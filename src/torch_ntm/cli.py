@@ -251,7 +251,7 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     new_lr = args.resume is not None and "lr" in {o.partition("=")[0].strip()
                                                   for o in args.overrides}
     result = train(config, run_dir, resume=args.resume is not None,
-                   progress=False if args.no_progress else None, new_lr=new_lr or None)
+                   progress=False if args.no_progress else None, new_lr=new_lr)
     if not main_process:
         return 0
     wall = time.perf_counter() - started

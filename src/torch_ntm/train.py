@@ -441,7 +441,6 @@ class _Run:
     def __init__(self, config: TrainConfig, run_dir: Path, resume: bool,
                  new_lr: bool | None = None):
         torch.set_num_threads(config.threads)
-        self.new_lr = new_lr
         self.config, self.run_dir = config, run_dir
         self.world = _World(resolve_device(config.device))
         self.local = self.world.local_batch(config.batch_size)
@@ -469,7 +468,7 @@ class _Run:
         self.saved_step = -1
         self.timed_out = False  # stopped by max_seconds
         if resume:
-            self._restore(load_checkpoint(run_dir))
+            self._restore(load_checkpoint(run_dir), new_lr)
         elif config.curriculum_start < self.task.train_size:
             self.state.curriculum_size = config.curriculum_start
         self.log = None
@@ -505,7 +504,7 @@ class _Run:
         self.start = time.perf_counter() - self.state.elapsed_s
         self.model.train()
 
-    def _restore(self, ckpt) -> None:
+    def _restore(self, ckpt, new_lr: bool | None) -> None:
         check_resume(ckpt.config, self.config)
         ckpt.load_weights_into(self.model)
         ckpt.restore_train_state(self.optimizer, self.data_gen)  # the lr is in its state
@@ -513,7 +512,8 @@ class _Run:
         self.saved_step = self.state.step
         if self.spikes is not None:
             self.spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})
-        new_lr = self.config.lr != ckpt.config.lr if self.new_lr is None else self.new_lr
+        if new_lr is None:  # by default, a rate other than the run's own
+            new_lr = self.config.lr != ckpt.config.lr
         if self.averaged is not None:
             self._restore_average(ckpt)
         kept = ckpt.best()
