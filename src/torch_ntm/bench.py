@@ -54,11 +54,10 @@ def _model(task, memory_size: int, engine: str = "fast", device="cpu") -> NTM:
                device=device)
 
 
-def check_memory_sizes(memory_sizes) -> None:
-    """Raise the model's own `ValueError` for a memory size the bench's model cannot have (too
-    few rows for its shifts), before any timing: built on the meta device, no memory used."""
-    for rows in memory_sizes:
-        _model(CopyTask(), rows, device="meta")
+def check_memory_size(rows: int) -> None:
+    """Raise the model's own `ValueError` if the bench's model cannot have ``rows`` memory rows
+    (too few for its shifts), before any timing: built on the meta device, no memory used."""
+    _model(CopyTask(), rows, device="meta")
 
 
 class _Runner:

@@ -516,7 +516,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from torch_ntm.bench import check_memory_sizes, format_table, run_bench
+    from torch_ntm.bench import check_memory_size, format_table, run_bench
     from torch_ntm.config import ConfigError, resolve_device
 
     for name, value in (("--threads", args.threads), ("--seq-len", args.seq_len),
@@ -530,7 +530,7 @@ def _cmd_bench(args) -> int:
     if args.memory_size:
         for rows in args.memory_size:
             try:
-                check_memory_sizes([rows])
+                check_memory_size(rows)
             except ValueError as e:
                 raise ConfigError(f"--memory-size {rows}: {e}") from None
         kwargs["memory_sizes"] = tuple(args.memory_size)
