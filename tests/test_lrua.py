@@ -638,6 +638,9 @@ def test_wrong_input_shapes_name_expected_and_actual():
         cell(inputs())
     with pytest.raises(ValueError, match=r"dtype torch.float64 .* got torch.float32"):
         mann(inputs().float())
+    with pytest.raises(ValueError, match=r"got torch.int64; convert with "
+                                         r"x.to\(torch.float64\)$"):  # not the model to int64
+        mann(inputs().long())
 
 
 def test_a_state_from_another_batch_size_or_model_is_rejected():

@@ -35,10 +35,12 @@ from torch_ntm.model import (
     MEMORY_INIT_CONSTANT,
     LSTMController,
     _cell_step,
+    _check_input_dtype,
     _check_state_tensors,
     _choice,
     _one_dtype,
     _positive_int,
+    _under_torch_func,
 )
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
@@ -203,12 +205,7 @@ class _MANNBase(nn.Module):
         )
 
     def _check_dtype(self, x: Tensor) -> None:
-        if x.dtype != self._ref.dtype:
-            raise ValueError(
-                f"{type(self).__name__} expects input of dtype {self._ref.dtype} (its "
-                f"parameters'), got {x.dtype}; convert with x.to({self._ref.dtype}) or the "
-                f"model with .to({x.dtype})"
-            )
+        _check_input_dtype(self, x, self._ref.dtype)
 
     def _check_state(self, state: MANNState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, MANNState):
@@ -375,7 +372,7 @@ class MANN(_MANNBase):
             self._check_state(state, x.shape[1], x)
         # torch.func's transforms (grad, vmap, ...) run the eager loop, as the NTM's engines do
         if (self.engine == "compiled" and torch.is_grad_enabled()
-                and not torch._C._are_functorch_transforms_active()):
+                and not _under_torch_func()):
             y, state = self._forward_compiled(x, state)
         else:
             outputs = []

@@ -97,7 +97,7 @@ class LSTMController(nn.Module):
         hs, cs = [], []
         # torch.vmap has no batching rule for nn.LSTMCell's fused op: there, the same cell of
         # plain ops (equal to float rounding)
-        step = _lstm_cell if torch._C._are_functorch_transforms_active() else _fused_lstm_cell
+        step = _lstm_cell if _under_torch_func() else _fused_lstm_cell
         for layer, cell in enumerate(self.cells):
             h, c = step(cell, x, (h_prev[layer], c_prev[layer]))
             hs.append(h)
@@ -359,12 +359,7 @@ class _NTMBase(nn.Module):
                 f"{type(self).__name__} does not run in float16 (its gradients overflow); use "
                 f"bfloat16 parameters, or float32 ones under torch.autocast(dtype=torch.float16)"
             )
-        if x.dtype != self.reads0.dtype:
-            fix = f"convert with x.to({self.reads0.dtype})"
-            if x.dtype.is_floating_point:
-                fix += f" or the model with .to({x.dtype})"
-            raise ValueError(f"{type(self).__name__} expects input of dtype {self.reads0.dtype} "
-                             f"(its parameters'), got {x.dtype}; {fix}")
+        _check_input_dtype(self, x, self.reads0.dtype)
 
     def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, NTMState):
@@ -458,6 +453,24 @@ def _one_dtype(y: Tensor, state, x: Tensor):
     if torch.is_autocast_enabled(x.device.type):  # an NTMState or a MANNState
         state = state.map(lambda t: t.to(x.dtype))
     return y, state
+
+
+def _check_input_dtype(module: nn.Module, x: Tensor, dtype: torch.dtype) -> None:
+    """A clear error unless ``x`` has the parameters' ``dtype`` (no engine converts it), with
+    the fix (the model's conversion only for a floating input: an NTM of int64 cannot run)."""
+    if x.dtype != dtype:
+        fix = f"convert with x.to({dtype})"
+        if x.dtype.is_floating_point:
+            fix += f" or the model with .to({x.dtype})"
+        raise ValueError(f"{type(module).__name__} expects input of dtype {dtype} (its "
+                         f"parameters'), got {x.dtype}; {fix}")
+
+
+def _under_torch_func() -> bool:
+    """Whether a `torch.func` transform (grad, vmap, jacrev, ...) is running: the engines'
+    hand-written backward and nn.LSTMCell's fused op have no rules there, so the eager loop
+    and a plain-op LSTM cell run instead."""
+    return torch._C._are_functorch_transforms_active()
 
 
 def _check_state_tensors(state, ref: Tensor) -> None:
@@ -683,7 +696,7 @@ class NTM(_NTMBase):
         # torch.func's transforms (grad, vmap, jacrev, ...), which cannot see through that
         # backward (torch refused with a message about setup_context).
         if (self.engine != "eager" and not torch.is_autocast_enabled(x.device.type)
-                and not torch._C._are_functorch_transforms_active()):
+                and not _under_torch_func()):
             self._check_dtype(x)  # before the native engine says what it runs as for this dtype
             engine = runs_as(x) if self.engine == "native" else self.engine
             if engine == "native":
