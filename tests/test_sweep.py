@@ -340,6 +340,10 @@ def test_ray_missing_is_one_line_saying_how_to_install_it(tmp_path, capsys, monk
     # seed -1's folder would be seed-1, another seed's
     (["sweep", "copy", "--first-seed", "-1"], "ntm: error: --first-seed must be >= 0, got -1"),
     (["sweep", "copy", "--sequences", "0"], "ntm: error: --sequences must be >= 1, got 0"),
+    # the last seed would fail only when its training starts, after the others had run
+    (["sweep", "copy", "--first-seed", str(2**64 - 1), "--seeds", "2"], "ntm: error: "
+     "--first-seed 18446744073709551615 with --seeds 2 goes past the largest seed, 2**64 - 1; "
+     "give --first-seed <= 18446744073709551614"),
     (["sweep", "copy", "--set", "seed=3"], "ntm: error: --set seed: the sweep sets seed itself"),
     (["sweep", "copy", "--set", "max_sequences=9"], "ntm: error: --set max_sequences: the sweep"),
     (["sweep", "copy", "--set", "colour=red"], "ntm: error: --set colour: unknown key"),

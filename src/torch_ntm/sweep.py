@@ -179,6 +179,9 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
                                ("--jobs", jobs, 1), ("--sequences", sequences, 1)):
         if value is not None and value < least:
             raise ConfigError(f"{name} must be >= {least}, got {value}")
+    if first_seed + seeds > 2**64:  # torch's seeds end at 2**64 - 1 (`TrainConfig.seed`)
+        raise ConfigError(f"--first-seed {first_seed} with --seeds {seeds} goes past the largest "
+                          f"seed, 2**64 - 1; give --first-seed <= {2**64 - seeds}")
     if not (gpus_per_run >= 0 and math.isfinite(gpus_per_run)):
         raise ConfigError(f"--gpus-per-run must be a number >= 0, got {gpus_per_run}")
     if gpus_per_run and ray_address is None:
