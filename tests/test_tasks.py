@@ -462,6 +462,18 @@ def test_priority_sort_priorities_and_order():
             assert torch.equal(targets[21 + j, b], inputs[i, b, :8])
 
 
+def test_priority_sort_equal_priorities_keep_their_input_order(monkeypatch):
+    # The documented tie rule, with ties made common: priorities on a grid of quarters.
+    rand = torch.rand
+    monkeypatch.setattr(torch, "rand", lambda *a, **k: (rand(*a, **k) * 8).floor() / 8)
+    inputs, targets, _ = PrioritySortTask().sample(20, _gen(5))
+    priority = inputs[:20, :, 8]
+    assert any(len(priority[:, b].unique()) < 20 for b in range(20))  # there are ties
+    for b in range(20):
+        ranked = sorted(range(20), key=lambda i: -float(priority[i, b]))  # Python's sort is stable
+        assert torch.equal(targets[21:, b], inputs[ranked[:16], b, :8])
+
+
 def test_priority_sort_with_size_scales_outputs():
     task = PrioritySortTask()
     assert [task.with_size(n).num_outputs for n in (20, 25, 30, 40, 2, 1)] == [16, 20, 24, 32, 2, 1]

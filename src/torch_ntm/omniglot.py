@@ -264,7 +264,11 @@ class OmniglotTask(Task):
     scaled about its centre by ``(1 + max_scale) ** u``, u uniform in [-1, 1] (as likely
     shrunk as enlarged), and with ``max_shear`` > 0 sheared horizontally by a uniform factor in
     ``[-max_shear, max_shear]`` (pixels of sideways move per pixel down), both off by default.
-    The size knob of `with_size` is ``instances``. Score with `accuracy_by_instance`;
+    The C classes are drawn uniformly without replacement from the split's classes (so in training
+    two classes of an episode can be one character in two orientations), each class's n drawings
+    uniformly without replacement from its 20, and the C n steps are in a uniformly random order.
+    Without jitter, ``x_t`` is the stored 8-bit image divided by 255 (turned, where rotations
+    apply). The size knob of `with_size` is ``instances``. Score with `accuracy_by_instance`;
     `instance_numbers` tells the k-th occurrence of a class.
     """
 

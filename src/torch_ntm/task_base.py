@@ -96,8 +96,8 @@ class Task:
             batch_first: return ``[B, T, ...]`` tensors instead of ``[T, B, ...]``.
 
         Returns:
-            `Batch` of inputs ``[T, B, input_size]``, targets ``[T, B, output_size]`` and mask
-            ``[T, B]`` (batch and time swapped if ``batch_first``).
+            `Batch` of inputs ``[T, B, input_size]`` and targets ``[T, B, output_size]``,
+            float32, and mask ``[T, B]``, bool (batch and time swapped if ``batch_first``).
         """
         _check_int("batch_size", batch_size, 1)
         if generator is not None and not isinstance(generator, torch.Generator):

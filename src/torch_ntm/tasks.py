@@ -10,7 +10,11 @@ Each task is a dataclass of its size parameters (defaults: the paper's training 
 
 time-major (``batch_first=True`` gives ``[B, T, ...]``). Lengths vary inside a batch; a shorter
 sequence is padded at the end with zero inputs, zero targets and a false mask, so ``T`` is the
-longest sequence of the batch. All randomness comes from the ``generator`` argument (a CPU
+longest sequence of the batch. Every channel a layout below does not show is 0 at that step
+(the data channels on a delimiter, count or marker step, and every input channel while the output
+is written). Every data bit is an independent fair coin flip, so a vector can be all zeros and two
+vectors of a sequence can be equal; a batch's sizes (length, repeats, items) are drawn for each
+sequence independently of each other. All randomness comes from the ``generator`` argument (a CPU
 `torch.Generator`; None uses torch's global one), so a fixed seed gives fixed tensors. Sampling
 is vectorised over the batch (n-grams alone loops over time, as a Markov chain must).
 
@@ -456,7 +460,9 @@ class PrioritySortTask(Task):
         target   [0   ..  0 ]   [0]      [y_1 .. y_m]    y: the x sorted by decreasing priority
         mask      0   ..  0      0        1  ..  1
 
-    All sequences of a batch have the same length. The size knob is ``num_inputs``: `with_size`
+    Targets follow the priorities as they are on the input channel (float32); equal priorities
+    keep their input order (a stable sort). All sequences of a batch have the same length. The
+    size knob is ``num_inputs``: `with_size`
     scales ``num_outputs`` in proportion, ``round(size * num_outputs / num_inputs)`` (halves up,
     at least 1), so the default 16 of 20 becomes 24 of 30.
 
