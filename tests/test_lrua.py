@@ -708,3 +708,7 @@ def test_options_are_one_list():
                              "usage_decay": USAGE_DECAY, "write_vector": "key",
                              "learned_beta": False, "batch_first": False}
     assert MANN(**mann.config(), dtype=torch.float64).config() == mann.config()
+    assert all(getattr(mann, name) == getattr(mann.options, name) for name in fields)
+    with pytest.raises(AttributeError, match=r"MANN.usage_decay is fixed when the module is "
+                                             r"built; build a new one with usage_decay=0.5"):
+        mann.usage_decay = 0.5

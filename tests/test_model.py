@@ -594,6 +594,22 @@ def test_the_options_give_the_attributes_repr_and_config():
         "memory_init='constant', max_beta=None, max_gamma=3.0\n")
 
 
+@pytest.mark.parametrize("cls", [NTM, NTMCell])
+def test_the_option_attributes_are_read_only(cls):
+    # An assigned cap reached the eager engine but not the fast and native ones, whose layout is
+    # cached on the options (and then handed to other models of the same options).
+    ntm = build(cls)
+    for field in dataclasses.fields(NTMOptions):
+        name = "controller_type" if field.name == "controller" else field.name
+        assert getattr(ntm, name) == getattr(ntm.options, field.name)
+    with pytest.raises(AttributeError, match=rf"{cls.__name__}.max_beta is fixed when the module "
+                                             r"is built; build a new one with max_beta=1.0"):
+        ntm.max_beta = 1.0
+    with pytest.raises(AttributeError, match=r"controller_type is fixed .* with controller="):
+        ntm.controller_type = "feedforward"
+    assert ntm.max_beta is None and ntm.options.max_beta is None
+
+
 def test_an_unknown_keyword_argument_lists_the_valid_ones():
     with pytest.raises(TypeError, match=r"NTMCell got unexpected keyword argument\(s\) "
                                         r"memory_sise; valid: controller, controller_size, "):

@@ -40,6 +40,7 @@ from torch_ntm.model import (
     _choice,
     _one_dtype,
     _positive_int,
+    _read_only_options,
     _under_torch_func,
 )
 
@@ -131,6 +132,7 @@ class HeadParameters(NamedTuple):
     beta: Tensor  # beta, (B, H, 1), softplus if learned, else 1 (the paper's plain cosine)
 
 
+@_read_only_options(MANNOptions)  # mann.memory_size, ...
 class _MANNBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `MANNCell` and `MANN`."""
 
@@ -144,8 +146,6 @@ class _MANNBase(nn.Module):
         self.output_size = _positive_int("output_size", output_size)
         self.options = MANNOptions(controller_size, memory_size, memory_width, read_heads,
                                    usage_decay, write_vector, learned_beta).checked()
-        for name, value in dataclasses.asdict(self.options).items():
-            setattr(self, name, value)  # mann.memory_size, ...
 
         h, m = self.read_heads, self.memory_width
         # Each head's fields, in this order: key (M), alpha (1)[, add (M)][, beta (1)].

@@ -240,6 +240,36 @@ def _options_in_signature(init):
     return init
 
 
+def _read_only_options(options_type, renamed: dict[str, str] | None = None):
+    """A class decorator: each field of the dataclass ``options_type`` becomes a read-only
+    attribute of the module class that reads ``self.options`` (``ntm.memory_size``), under its
+    name in ``renamed`` if there. Read-only, because the options shape the parameters and the
+    engines' cached layouts: an option assigned afterwards would reach some engines and not
+    others."""
+
+    def attribute(field: str, name: str) -> property:
+        def get(self):
+            return getattr(self.options, field)
+
+        def refuse(self, value):
+            raise AttributeError(
+                f"{type(self).__name__}.{name} is fixed when the module is built; build a new one "
+                f"with {field}={value!r} (load_state_dict copies the weights where the shapes "
+                f"agree)")
+
+        return property(get, refuse, doc=f"``options.{field}`` (read-only)")
+
+    def install(cls):
+        for f in dataclasses.fields(options_type):
+            name = (renamed or {}).get(f.name, f.name)
+            setattr(cls, name, attribute(f.name, name))
+        return cls
+
+    return install
+
+
+# The controller's name is controller_type: ntm.controller is the controller module.
+@_read_only_options(NTMOptions, renamed={"controller": "controller_type"})
 class _NTMBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `NTMCell` and `NTM`.
 
@@ -258,11 +288,7 @@ class _NTMBase(nn.Module):
             valid = list(inspect.signature(type(self)).parameters)[2:]
             raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; valid: {', '.join(valid)}")
-        self.options = NTMOptions(**options).checked()
-        # Each option is an attribute too (ntm.memory_size); the controller's name is
-        # controller_type, as ntm.controller is the controller module.
-        for name, value in dataclasses.asdict(self.options).items():
-            setattr(self, "controller_type" if name == "controller" else name, value)
+        self.options = NTMOptions(**options).checked()  # each an attribute: `_read_only_options`
 
         opt = self.options
         m, shifts = opt.memory_width, 2 * opt.shift_range + 1
@@ -567,7 +593,7 @@ class NTM(_NTMBase):
         device, dtype: of the parameters.
 
     The arguments from ``controller`` to ``max_gamma`` are the fields of `NTMOptions`:
-    ``ntm.options`` holds them, and each is an attribute too (``ntm.memory_size``; the
+    ``ntm.options`` holds them, and each is a read-only attribute too (``ntm.memory_size``; the
     controller's name is ``ntm.controller_type``).
 
     Example::
