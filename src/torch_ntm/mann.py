@@ -38,10 +38,10 @@ from torch_ntm.model import (
     _check_input_dtype,
     _check_state_tensors,
     _choice,
+    _eager_only,
     _one_dtype,
     _positive_int,
     _read_only_options,
-    _under_torch_func,
 )
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
@@ -370,9 +370,9 @@ class MANN(_MANNBase):
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:
             self._check_state(state, x.shape[1], x)
-        # torch.func's transforms (grad, vmap, ...) run the eager loop, as the NTM's engines do
+        # torch.func transforms and forward-mode AD run the eager loop, as for the NTM
         if (self.engine == "compiled" and torch.is_grad_enabled()
-                and not _under_torch_func()):
+                and not _eager_only()):
             y, state = self._forward_compiled(x, state)
         else:
             outputs = []

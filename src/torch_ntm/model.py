@@ -499,6 +499,14 @@ def _under_torch_func() -> bool:
     return torch._C._are_functorch_transforms_active()
 
 
+def _eager_only() -> bool:
+    """Whether only the eager loop computes what is asked: under a `torch.func` transform, or
+    with a forward-mode dual level open (`torch.autograd.forward_ad`), where the other engines
+    have no forward derivative (the native one's inference path dropped the tangents without a
+    word, the others raised)."""
+    return _under_torch_func() or torch.autograd.forward_ad._current_level >= 0
+
+
 def _check_state_tensors(state, ref: Tensor) -> None:
     """Every tensor of ``state`` (an `NTMState` or `torch_ntm.MANNState`) in the dtype and on the
     device of the input ``ref``, or a clear error naming the first that is not."""
@@ -720,9 +728,10 @@ class NTM(_NTMBase):
         # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
         # hand-written backward take one dtype (the parameters'), not autocast's mix. So under
         # torch.func's transforms (grad, vmap, jacrev, ...), which cannot see through that
-        # backward (torch refused with a message about setup_context).
+        # backward (torch refused with a message about setup_context), and so with forward-mode
+        # AD's dual tensors, for which the engines have no forward derivative.
         if (self.engine != "eager" and not torch.is_autocast_enabled(x.device.type)
-                and not _under_torch_func()):
+                and not _eager_only()):
             self._check_dtype(x)  # before the native engine says what it runs as for this dtype
             engine = runs_as(x) if self.engine == "native" else self.engine
             if engine == "native":
