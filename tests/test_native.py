@@ -26,6 +26,41 @@ def test_matches_eager_float64(name, batch, steps):
     _assert_same(eager, _run(_native(model), model, x), rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ["fast", "native"])
+def test_gamma_one_at_zero_weights_gives_eager_gradients(engine):
+    """At gamma = 1 (in float32, 1 + softplus(raw) for raw below ~-16.6) sharpening is w /
+    sum(w), whose derivative at a zero weight is not 0: the hand-written backwards gave 0 there,
+    so a given initial weighting's gradient lost its zero rows' part. (The compiled engine
+    compiles the fast one's backward: it passed too, in 20 s, too long for this edge.)"""
+    torch.manual_seed(0)
+    model = NTM(4, 3, controller_size=7, memory_size=6, memory_width=4, shift_range=0,
+                write_heads=2, dtype=torch.float64)
+    with torch.no_grad():  # gate 0: each weighting stays its one-hot initial one; gamma = 1
+        for kind in ("read", "write"):
+            for field, bias in (("gate", -800.0), ("gamma", -800.0)):
+                rows = model.head_layout.rows(kind, field)
+                model.head_params.weight[rows] = 0
+                model.head_params.bias[rows] = bias
+    x = torch.randn(3, 2, 4, dtype=torch.float64)
+    one_hot = torch.zeros(2, 1, 6, dtype=torch.float64)
+    one_hot[..., 0] = 1
+    state = model.initial_state(2)._replace(
+        memory=torch.randn(2, 6, 4, dtype=torch.float64), read_weights=one_hot,
+        write_weights=torch.cat([one_hot, one_hot.roll(2, -1)], 1))
+    grads = []
+    for name in ("eager", engine):
+        model.engine = name
+        given = (state.read_weights.clone().requires_grad_(),
+                 state.write_weights.clone().requires_grad_())
+        logits, final = model(x, state._replace(read_weights=given[0], write_weights=given[1]))
+        rows = torch.arange(6, dtype=torch.float64)
+        loss = (final.read_weights * rows).sum() + (final.write_weights * rows ** 2).sum()
+        grads.append(torch.autograd.grad(loss + logits.square().sum(), given))
+    for got, expected in zip(grads[1], grads[0]):
+        assert expected[..., 1:].abs().amax() > 1  # the zero rows' part, which was lost
+        torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
+
+
 def test_matches_eager_at_unequal_sizes_past_the_vector_width():
     # 37 rows: vector loops of one and of four vectors (8 or 16 lanes) with a tail; batch 5 and 3
     # heads of each kind.

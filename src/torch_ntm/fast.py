@@ -160,10 +160,17 @@ def _address_backward(dw, memory, msq, w_prev, key, beta, gate, s, gamma, w, sav
         cos = torch.bmm(key, memory) * inv
         _, wc, wg, u, scale = _address_from_cosine(cos, w_prev, beta, gate, s, gamma, r, tiny)
     # Sharpen: w = p / sum(p), p = u^gamma, u = ws / scale (scale is a constant, as in eager).
-    dpp = w * (dw - (dw * w).sum(-1, keepdim=True))  # dL/dp * p
+    dp_sum = dw - (dw * w).sum(-1, keepdim=True)  # dL/dp * sum(p)
+    dpp = w * dp_sum  # dL/dp * p
     u_safe = u.clamp_min(tiny)  # p = 0 where u = 0, so these terms are exactly 0 there
     dgamma = (dpp * torch.log(u_safe)).sum(-1, keepdim=True)
     dws = dpp * gamma / (u_safe * scale)
+    # but d p / d u at u = 0 is gamma 0^(gamma - 1): 1, not 0, where gamma = 1 (as in eager's
+    # `functional.sharpen`); there p = u and dL/du = dL/dp = dp_sum / sum(u). (Uncompiled, only
+    # where some gamma is 1: the seven ops cost the fast engine ~7% of a training step.)
+    linear = gamma == 1
+    if torch.compiler.is_compiling() or bool(linear.any()):
+        dws = torch.where((u == 0) & linear, dp_sum / (u.sum(-1, keepdim=True) * scale), dws)
     dwg, ds = _shift_backward(dws, wg, s, r)
     dwc = gate * dwg
     dw_prev = dwg - dwc

@@ -289,12 +289,17 @@ F address_backward(const Cfg& c, const F* dw, const F* msq, const F* w_prev, con
   for (int64_t i = 0; i < N; ++i) u[i] = std::max(ws[i] * inv_scale, tiny);
   F* log_u = dws;
   map1(log_u, u, N, [](Vec<F> v) { return v.log(); });
+  // d p / d u at u = 0 is gamma 0^(gamma - 1): 1, not 0, where gamma = 1 (as in eager's
+  // `functional.sharpen`); there p = u and dL/du = dL/dp = (dw - inner) / sum(u).
+  const bool linear = gamma == F(1);
+  const F inv_ws_sum = linear ? F(1) / sum(ws, N) : F(0);
   F dgam = 0;
 #pragma omp simd reduction(+ : dgam)
   for (int64_t i = 0; i < N; ++i) {
     const F dpp = w[i] * (dw[i] - inner);  // dL/dp * p
     dgam += dpp * log_u[i];
-    dws[i] = dpp * gamma / (u[i] * scale);
+    dws[i] = linear && ws[i] == F(0) ? (dw[i] - inner) * inv_ws_sum
+                                      : dpp * gamma / (u[i] * scale);
   }
   *dgamma = dgam;
   // Shift: ds[q] = sum_i dws[i] wg[i + R - q]; dwg[k] = sum_q s[q] dws[k - R + q].
