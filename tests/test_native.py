@@ -61,6 +61,21 @@ def test_gamma_one_at_zero_weights_gives_eager_gradients(engine):
         torch.testing.assert_close(got, expected, rtol=1e-10, atol=1e-12)
 
 
+@pytest.mark.parametrize("engine", ["fast", "native"])
+def test_softplus_above_its_threshold_gives_eager_gradients(engine):
+    # F.softplus is the identity above 20, so its derivative is 1 there; the fast engine's was
+    # sigmoid(raw), 1.25e-9 off at 20.5 (float64).
+    model, x = _model_and_input({}, torch.float64, 2, 5)
+    with torch.no_grad():
+        for kind in ("read", "write"):
+            for field in ("beta", "gamma"):
+                model.head_params.weight[model.head_layout.rows(kind, field)] = 0
+                model.head_params.bias[model.head_layout.rows(kind, field)] = 20.5
+    eager = _run(_eager(model), model, x)
+    model.engine = engine
+    _assert_same(eager, _run(model, model, x), rtol=1e-10, atol=1e-12)
+
+
 def test_matches_eager_at_unequal_sizes_past_the_vector_width():
     # 37 rows: vector loops of one and of four vectors (8 or 16 lanes) with a tail; batch 5 and 3
     # heads of each kind.

@@ -231,8 +231,9 @@ def _activate_heads(cfg: _Config, raw: Tensor):
 
 def _softplus_block_grad(cfg: _Config, raw: Tensor, sp: Tensor) -> Tensor:
     """Derivative of the softplus block (beta | gamma - 1, capped) for its raw input ``raw``,
-    given its value ``sp``: ``sigmoid(raw)``, times ``1 - (sp / cap)^2`` where capped."""
-    d = torch.sigmoid(raw)
+    given its value ``sp``: ``sigmoid(raw)``, or 1 above `F.softplus`'s threshold of 20, where
+    it is the identity; times ``1 - (sp / cap)^2`` where capped."""
+    d = torch.sigmoid(raw).masked_fill_(raw > 20, 1.0)
     if cfg.beta_cap or cfg.gamma_cap:
         k = d.shape[1] // 2
         caps = [cfg.beta_cap, cfg.gamma_cap]
