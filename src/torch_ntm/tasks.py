@@ -462,9 +462,8 @@ class PrioritySortTask(Task):
 
     Targets follow the priorities as they are on the input channel (float32); equal priorities
     keep their input order (a stable sort). All sequences of a batch have the same length. The
-    size knob is ``num_inputs``: `with_size`
-    scales ``num_outputs`` in proportion, ``round(size * num_outputs / num_inputs)`` (halves up,
-    at least 1), so the default 16 of 20 becomes 24 of 30.
+    size knob is ``num_inputs``: `with_size` scales ``num_outputs`` in proportion, ``round(size *
+    num_outputs / num_inputs)`` (halves up, at least 1), so the default 16 of 20 becomes 24 of 30.
 
     ``close_pairs`` (training only; default 0, the paper's task) makes near-ties common: in each
     training sequence that many inputs, chosen at random, take the priority of another input

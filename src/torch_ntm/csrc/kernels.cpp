@@ -290,7 +290,8 @@ F address_backward(const Cfg& c, const F* dw, const F* msq, const F* w_prev, con
   F* log_u = dws;
   map1(log_u, u, N, [](Vec<F> v) { return v.log(); });
   // d p / d u at u = 0 is gamma 0^(gamma - 1): 1, not 0, where gamma = 1 (as in eager's
-  // `functional.sharpen`); there p = u and dL/du = dL/dp = (dw - inner) / sum(u).
+  // `functional.sharpen`); there p = u, dL/du = dL/dp = (dw - inner) / sum(u), and so
+  // dL/dws = (dw - inner) / sum(ws).
   const bool linear = gamma == F(1);
   const F inv_ws_sum = linear ? F(1) / sum(ws, N) : F(0);
   F dgam = 0;
