@@ -166,10 +166,11 @@ def _address_backward(dw, memory, msq, w_prev, key, beta, gate, s, gamma, w, sav
     dgamma = (dpp * torch.log(u_safe)).sum(-1, keepdim=True)
     dws = dpp * gamma / (u_safe * scale)
     # but d p / d u at u = 0 is gamma 0^(gamma - 1): 1, not 0, where gamma = 1 (as in eager's
-    # `functional.sharpen`); there p = u and dL/du = dL/dp = dp_sum / sum(u). (Uncompiled, only
-    # where some gamma is 1: the seven ops cost the fast engine ~7% of a training step.)
+    # `functional.sharpen`); there p = u and dL/du = dL/dp = dp_sum / sum(u). (Uncompiled on the
+    # CPU, only where some gamma is 1: the seven ops cost the fast engine ~7% of a training
+    # step. Not asked on a GPU, where the answer would wait for the device at every step.)
     linear = gamma == 1
-    if torch.compiler.is_compiling() or bool(linear.any()):
+    if torch.compiler.is_compiling() or linear.device.type != "cpu" or bool(linear.any()):
         dws = torch.where((u == 0) & linear, dp_sum / (u.sum(-1, keepdim=True) * scale), dws)
     dwg, ds = _shift_backward(dws, wg, s, r)
     dwc = gate * dwg
