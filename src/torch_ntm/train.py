@@ -11,6 +11,7 @@ N/2 steps, a resume, and N/2 more, bit for bit on the CPU.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 import os
 import signal
@@ -343,7 +344,6 @@ def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
     ``ours`` such that the weights' names or shapes change, as "KEY=THEIRS (here OURS)": each
     differing key is tried alone on ``ours``, its model built on the meta device; empty if none
     matters alone."""
-    import dataclasses
 
     def signature(config: TrainConfig):
         model = build_model(config, build_task(config), device="meta")
