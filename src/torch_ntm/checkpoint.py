@@ -386,7 +386,9 @@ class Checkpoint:
     extra: dict
     state_dict: dict
     _record: dict
-    _best: dict | None = None  # the best validation's file, read with the weights (or None)
+    # The best validation's file, read with the weights (or None): weights under ``model.``,
+    # optimizer state beside them.
+    _best: dict | None = None
 
     def task(self, **overrides):
         return build_task(self.config, **overrides)
@@ -404,7 +406,7 @@ class Checkpoint:
         latest (what `model` and ``ntm evaluate`` use)."""
         if "best" not in self._record:
             return self.state_dict
-        return _model_part(self._best_tensors())
+        return _model_part(self._best)
 
     @property
     def best_metrics(self) -> dict | None:
@@ -418,7 +420,7 @@ class Checkpoint:
         rec = self._record
         if "best" not in rec:
             return None
-        tensors = self._best_tensors()
+        tensors = self._best
         weights = _model_part(tensors)
         meta = rec.get("best_optimizer")
         try:
@@ -427,10 +429,6 @@ class Checkpoint:
             raise CheckpointError(f"{self.path}: invalid checkpoint record (best_optimizer: "
                                   f"{e})") from None
         return KeptWeights(weights, optimizer, self.best_metrics)
-
-    def _best_tensors(self) -> dict:
-        """The best validation's file: weights under ``model.``, optimizer state beside them."""
-        return self._best
 
     def load_weights_into(self, model: nn.Module, state_dict: dict | None = None) -> None:
         """Load the latest weights (or ``state_dict``) into ``model``."""
