@@ -77,6 +77,27 @@ def test_plot_writes_png_figures(trained, tmp_path, capsys):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def test_plot_runs_the_example_with_the_rows_evaluate_would(tmp_path, monkeypatch):
+    """Beyond the training size the example runs with the run's eval_memory_size, as `ntm
+    evaluate` scores it; at the training size with the rows it trained with; --memory-size wins.
+    (The repeat copy model trained with 64 rows and evaluated with 128 wrapped its write head
+    onto the stored sequence in the figure of L = 20 drawn with 64.)"""
+    import torch_ntm.plot as plot
+
+    run = tmp_path / "run"
+    assert main(["train", "copy", "--out", str(run), "--no-plots", *TINY,
+                 "--set", "eval_memory_size=16"]) == 0
+    import torch_ntm.evaluate
+
+    rows = []
+    monkeypatch.setattr(plot, "plot_memory", lambda trace, path: rows.append(trace.memory.shape[2]))
+    monkeypatch.setattr(torch_ntm.evaluate, "evaluate_sizes", lambda *args, **kwargs: [])
+    monkeypatch.setattr(plot, "plot_generalisation", lambda *args: None)  # not under test here
+    for size, memory_size in [(3, None), (5, None), (5, 32), (3, 32)]:
+        plot.plot_run(run, tmp_path / "fig", size=size, memory_size=memory_size)
+    assert rows == [8, 16, 32, 32]
+
+
 def test_resume_through_the_cli(trained, tmp_path, capsys):
     import shutil
 

@@ -269,10 +269,15 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     else:
         out = json_path.parent / "figures"
     out.mkdir(parents=True, exist_ok=True)
-    overrides = {} if memory_size is None else {"memory_size": memory_size}
-    model = ckpt.model(**overrides).eval()
     task = ckpt.task()
-    example_task = task.held_out().with_size(size or task.train_size)  # as evaluation draws
+    size = size or task.train_size
+    # The rows it runs with: those asked for; beyond the training size the run's generalisation
+    # memory (eval_memory_size), as `ntm evaluate` has it (a repeat copy model trained with 64
+    # rows holds L = 20 only with its 128); else those it trained with.
+    overrides = ({"memory_size": memory_size} if memory_size is not None
+                 else ckpt.config.eval_overrides() if size > task.train_size else {})
+    model = ckpt.model(**overrides).eval()
+    example_task = task.held_out().with_size(size)  # as evaluation draws
     batch = example_task.sample(1, generator=torch.Generator().manual_seed(seed))
     paths = []
     if isinstance(model, NTM):
