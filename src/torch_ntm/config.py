@@ -396,10 +396,11 @@ PRESETS: dict[str, dict[str, dict]] = {
         "ntm-lstm": {"lr": 3e-3, "optimizer": "adam", "batch_size": 16, "clip_norm": 10.0,
                      "clip_value": 0.0, "stop_bit_errors": 0.0, "eval_every": 200},
         # This task's default, and the recipe of the model the shipped one was fine-tuned from
-        # (seed 0; docs/results.md, where the fine-tune is too): the paper's optimiser, validated at L = 15 and 20 once L <= 10 is solved, keeping the
-        # weights best there. Seed 0's kept weights (from 107,500 sequences) are 98.9% perfect
-        # at L = 20, R = 10; of five seeds, all solved L <= 10, three are >= 97% perfect at
-        # L = 15 and one >= 90% at L = 20 (docs/results.md).
+        # (seed 0; docs/results.md, where the fine-tune is too): the paper's optimiser,
+        # validated at L = 15 and 20 once L <= 10 is solved, keeping the weights best there.
+        # Seed 0's kept weights (from 107,500 sequences) are 98.9% perfect at L = 20, R = 10; of
+        # five seeds, all solved L <= 10, three are >= 97% perfect at L = 15 and one >= 90% at
+        # L = 20 (docs/results.md).
         "ntm-lstm-paper": {**_PAPER_OPT, "lr": 1e-4, "eval_sizes": [15, 20],
                            "eval_size_sequences": 200, "max_sequences": 300_000},
         # The model shipped until 2026-11-25 (seed 8; docs/results.md): a feed-forward controller
