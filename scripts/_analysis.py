@@ -19,8 +19,10 @@ def parser(doc: str, sequences: int) -> argparse.ArgumentParser:
 
 
 def load(run: str, task: str) -> tuple[Checkpoint, torch.nn.Module]:
-    """``run``'s checkpoint and its kept weights as a model in eval mode, with torch on one
-    thread. A run that cannot be read, or is not of ``task``, ends the script with one line."""
+    """``run``'s checkpoint and its kept weights as a model in eval mode, with the rows `ntm
+    evaluate` runs it with (the run's ``eval_memory_size``, else those it trained with), with
+    torch on one thread. A run that cannot be read, or is not of ``task``, ends the script with
+    one line."""
     torch.set_num_threads(1)
     try:
         ckpt = load_checkpoint(run)
@@ -28,4 +30,4 @@ def load(run: str, task: str) -> tuple[Checkpoint, torch.nn.Module]:
         sys.exit(f"error: {e}")
     if ckpt.config.task != task:
         sys.exit(f"error: {run} is a {ckpt.config.task!r} run; this script reads {task!r} runs")
-    return ckpt, ckpt.model().eval()
+    return ckpt, ckpt.model(**ckpt.config.eval_overrides()).eval()
