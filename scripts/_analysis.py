@@ -30,4 +30,4 @@ def load(run: str, task: str) -> tuple[Checkpoint, torch.nn.Module]:
         sys.exit(f"error: {e}")
     if ckpt.config.task != task:
         sys.exit(f"error: {run} is a {ckpt.config.task!r} run; this script reads {task!r} runs")
-    return ckpt, ckpt.model(**ckpt.config.eval_overrides()).eval()
+    return ckpt, ckpt.model(evaluation=True).eval()

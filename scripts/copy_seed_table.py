@@ -37,7 +37,7 @@ def main(runs: list[str]) -> None:
                             r"\(([\d.]+) s training in total\)", log)
         wall = re.findall(r"^([\d.]+) s wall$", log, re.M)[-1]
         ckpt = load_checkpoint(run)
-        model = ckpt.model(**ckpt.config.eval_overrides()).eval()
+        model = ckpt.model(evaluation=True).eval()
         task = ckpt.task()
         own, other = ({r["length"]: round(100 * r["perfect"]) for r in
                        evaluate_sizes(model, task, [20, 120], seed=seed)} for seed in (2014, 7))

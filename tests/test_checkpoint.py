@@ -7,6 +7,7 @@ import torch
 
 from torch_ntm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from torch_ntm.config import resolve_config
+from torch_ntm.factories import build_model, build_task
 from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 
@@ -181,6 +182,15 @@ def test_memory_size_override_loads_the_same_weights(run_dir):
     small = ckpt.model()
     for key, value in small.state_dict().items():
         assert torch.equal(value, big.state_dict()[key])
+
+
+def test_evaluation_builds_the_model_with_eval_memory_size_and_overrides_win(tmp_path):
+    config = tiny_config("eval_memory_size=32")
+    save_checkpoint(tmp_path, config, build_model(config, build_task(config)), step=0)
+    ckpt = load_checkpoint(tmp_path)
+    assert ckpt.model().memory_size == 8
+    assert ckpt.model(evaluation=True).memory_size == 32
+    assert ckpt.model(evaluation=True, memory_size=16).memory_size == 16
 
 
 def test_a_failed_write_leaves_the_previous_checkpoint_intact(run_dir, monkeypatch):

@@ -216,7 +216,7 @@ def test_shipped_repeat_copy_generalises_as_documented():
     # another machine.
     ckpt = load_checkpoint(pretrained.path("repeat_copy"))
     assert ckpt.config.eval_overrides() == {"memory_size": 128}
-    model, task = ckpt.model(**ckpt.config.eval_overrides()).eval(), ckpt.task()
+    model, task = ckpt.model(evaluation=True).eval(), ckpt.task()
     at_ten = evaluate_sizes(model, task.with_repeats(10), [15, 20], num_sequences=100)
     assert [row["perfect"] for row in at_ten] == pytest.approx([1.0, 0.96], abs=0.03)
     (at_twelve,) = evaluate_sizes(model, task.with_repeats(12), [15], num_sequences=100)

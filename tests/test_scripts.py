@@ -34,8 +34,7 @@ def _run(script: str, *args: str) -> str:
 def _evaluated(name: str):
     """Shipped model ``name`` in eval mode with the rows `ntm evaluate` runs it with (its
     eval_memory_size: repeat copy trained with 64 rows and runs with 128), as scripts load it."""
-    ckpt = load_checkpoint(pretrained.path(name))
-    return ckpt.model(**ckpt.config.eval_overrides()).eval()
+    return load_checkpoint(pretrained.path(name)).model(evaluation=True).eval()
 
 
 @pytest.mark.parametrize("script", ["sort_precision.py", "repeat_copy_loops.py",

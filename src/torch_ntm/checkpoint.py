@@ -393,10 +393,14 @@ class Checkpoint:
     def task(self, **overrides):
         return build_task(self.config, **overrides)
 
-    def model(self, device=None, *, latest: bool = False, **overrides) -> nn.Module:
+    def model(self, device=None, *, latest: bool = False, evaluation: bool = False,
+              **overrides) -> nn.Module:
         """Rebuild the model the run keeps: the weights of its best validation where the run
-        recorded one, else (or with ``latest``) its latest weights. ``overrides`` such as
-        ``memory_size=1024``."""
+        recorded one, else (or with ``latest``) its latest weights. With ``evaluation``, with
+        the memory `ntm evaluate` runs it with (the run's ``eval_memory_size``, where it has
+        one); ``overrides`` such as ``memory_size=1024`` win over both."""
+        if evaluation:
+            overrides = {**self.config.eval_overrides(), **overrides}
         model = build_model(self.config, self.task(), device=device, **overrides)
         self.load_weights_into(model, self.state_dict if latest else self.kept_weights())
         return model

@@ -292,7 +292,7 @@ def _print_generalisation(ckpt) -> None:
     generalisation sizes (a label task: accuracy by instance on held-out episodes)."""
     from torch_ntm.evaluate import evaluate_episodes, evaluate_sizes, format_table
 
-    task, model = ckpt.task(), ckpt.model(**ckpt.config.eval_overrides())
+    task, model = ckpt.task(), ckpt.model(evaluation=True)
     if task.label_task:  # no sizes to generalise to: accuracy by instance
         _print_episodes(evaluate_episodes(model, task), task)
         return
@@ -347,9 +347,8 @@ def _cmd_evaluate(args) -> int:
     if args.sequences is not None and args.sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")
     ckpt = load_checkpoint(_checkpoint_arg(args))
-    overrides = (ckpt.config.eval_overrides() if args.memory_size is None
-                 else {"memory_size": args.memory_size})  # the run's generalisation memory
-    model = ckpt.model(**overrides)
+    overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
+    model = ckpt.model(evaluation=True, **overrides)  # the run's generalisation memory
     task = ckpt.task()
     if args.task_overrides:
         config = apply_overrides(ckpt.config, args.task_overrides, "--task-set", prefix="task.")

@@ -274,9 +274,8 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     # The rows it runs with: those asked for; beyond the training size the run's generalisation
     # memory (eval_memory_size), as `ntm evaluate` has it (a repeat copy model trained with 64
     # rows holds L = 20 only with its 128); else those it trained with.
-    overrides = ({"memory_size": memory_size} if memory_size is not None
-                 else ckpt.config.eval_overrides() if size > task.train_size else {})
-    model = ckpt.model(**overrides).eval()
+    overrides = {} if memory_size is None else {"memory_size": memory_size}
+    model = ckpt.model(evaluation=size > task.train_size, **overrides).eval()
     example_task = task.held_out().with_size(size)  # as evaluation draws
     batch = example_task.sample(1, generator=torch.Generator().manual_seed(seed))
     paths = []
@@ -294,7 +293,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     if curve is not None:
         paths.append(curve)
     if memory_size is None and ckpt.config.eval_overrides():  # the run's generalisation memory
-        model = ckpt.model(**ckpt.config.eval_overrides()).eval()
+        model = ckpt.model(evaluation=True).eval()
     if task.label_task:  # no sizes to generalise to: accuracy by instance, as `ntm evaluate` has it
         row = evaluate_episodes(model, task, episodes, seed=EVAL_SEED)
         paths.append(plot_accuracy(row["accuracy_by_instance"], row["sequences"],

@@ -94,7 +94,8 @@ def load(name: str, *, root: str | os.PathLike | None = None, device=None,
         root: folder to look in (default: the shipped models).
         device: where to put the model (default: the CPU).
         **overrides: constructor arguments to change, e.g. ``memory_size=1024``; the weights do
-            not depend on the memory size, so they load unchanged.
+            not depend on the memory size, so they load unchanged. ``evaluation=True``: the
+            memory `ntm evaluate` runs it with (`Checkpoint.model`).
     """
     return _checkpoint(name, root).model(device=device, **overrides)
 
