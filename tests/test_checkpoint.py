@@ -47,6 +47,8 @@ def test_round_trip_restores_identical_outputs(tmp_path):
     # ... and the curriculum's size (raised at steps 3 and 6, on either side of the resume)
     ["optimizer=adam", "log_every=3", "curriculum_start=1", "curriculum_bit_errors=1e9"],
     ["optimizer=adam", "ema_decay=0.9"],  # the average of the weights is resumed
+    # ... and where the input cap's ramp started (the resume is halfway down it)
+    ["optimizer=adam", "input_max_norm=0.5", "input_max_norm_ramp=64"],
 ])
 def test_resume_is_bit_identical(tmp_path, preset_args):
     steps = 8

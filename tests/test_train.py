@@ -581,6 +581,148 @@ def test_eval_repeats_needs_a_task_with_a_repeat_count():
     assert resolve_config("repeat_copy", overrides=["eval_repeats=15,20"]).eval_repeats == [15, 20]
 
 
+# Per validation of the test below: (sequences of 200 perfect at L = 4, R = 3; wrong data bits
+# per sequence at R = 6).
+_KEEP_PLAN = [(199, 5.0), (190, 1.0), (192, 3.0), (180, 0.5)]
+
+
+def _keep_run(tmp_path, monkeypatch, extra: list[str]):
+    """Train with four validations whose sets give `_KEEP_PLAN`; the run's kept metrics and the
+    tasks validated."""
+    import torch_ntm.train as module
+    from torch_ntm.checkpoint import load_checkpoint
+
+    seen, count = [], [-1]
+
+    def recording(model, batches):
+        task = batches[0][1]
+        seen.append((task.min_length, task.max_length, task.min_repeats, task.max_repeats))
+        row = {"cost_bits": 1.0, "bit_errors": 0.0, "perfect": 1.0, "data_bit_errors": 0.0,
+               "end_marker_wrong": 0.0}
+        if task.max_repeats == 2:  # the training distribution's: a new validation
+            count[0] += 1
+        perfect, data_bits = _KEEP_PLAN[count[0]]
+        if (task.max_length, task.max_repeats) == (4, 3):  # a float32 share, as evaluated
+            row["perfect"] = float((torch.arange(200) < perfect).float().mean())
+        elif task.max_repeats == 6:
+            row["data_bit_errors"] = data_bits
+        return row
+
+    monkeypatch.setattr(module, "evaluate_batches", recording)
+    config = resolve_config("repeat_copy", overrides=[
+        *ROLLBACK_TINY, "task.max_repeats=2", "eval_repeats=6", "eval_pairs=4x3",
+        "eval_size_sequences=200", "max_sequences=8", "rollback_bit_errors=-1", *extra])
+    run_dir = tmp_path / "run"
+    train(config, run_dir, progress=False)
+    return load_checkpoint(run_dir).best_metrics, seen, run_dir
+
+
+def test_eval_pairs_validate_at_a_length_and_count(tmp_path, monkeypatch):
+    """eval_pairs: a set at (L, R), after eval_repeats' (logged as val@LrR, in the sum)."""
+    kept, seen, run_dir = _keep_run(tmp_path, monkeypatch, [])
+    assert seen[:3] == [(1, 2, 1, 2), (2, 2, 6, 6), (4, 4, 3, 3)]
+    splits = [r["split"] for r in read_metrics(run_dir / "metrics.csv") if r["split"] != "train"]
+    assert splits == ["val", "val@r6", "val@4r3"] * 4
+    # Without keep_by, the sum of wrong bits over the sets ranks: all 0, so the first is kept.
+    assert kept["general_bit_errors"] == 0 and "selection_value" not in kept
+    assert resolve_config("repeat_copy", overrides=["eval_pairs=20x10, 15X12"]
+                          ).eval_pair_values() == [(20, 10), (15, 12)]
+
+
+@pytest.mark.parametrize("extra, value, shortfall", [
+    # the fewest data bits at R = 6 among those with more than 95% perfect at (4, 3): the
+    # third (192 of 200); the second's 190 of 200 is not more than 0.95
+    (["keep_by=r6:data_bit_errors", "keep_perfect_above=4r3:0.95"], 3.0, 0.0),
+    # without the floor: the fewest data bits
+    (["keep_by=r6:data_bit_errors"], 0.5, 0.0),
+    # the floor alone: the sum of wrong bits over the sets (all 0) after it; the first
+    (["keep_perfect_above=4r3:0.95"], 0.0, 0.0),
+    # none above 0.995 (199 of 200 is not more): the nearest, 1 sequence short
+    (["keep_by=r6:data_bit_errors", "keep_perfect_above=4r3:0.995"], 5.0, 1 / 200),
+])
+def test_keep_by_and_keep_perfect_above_choose_the_kept_weights(tmp_path, monkeypatch, extra,
+                                                               value, shortfall):
+    kept, _, _ = _keep_run(tmp_path, monkeypatch, extra)
+    assert kept["selection_value"] == value
+    assert kept["selection_shortfall"] == pytest.approx(shortfall)
+    assert kept["general_bit_errors"] == 0  # still the sum over the sets
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["eval_pairs=20"], "'20' is not LENGTHxCOUNT"),
+    (["eval_pairs=20x0"], "'20x0' is not LENGTHxCOUNT"),
+    (["eval_pairs=200x200"], "eval_pairs=200x200"),  # too many steps
+    (["eval_sizes=", "keep_by=r20:data_bit_errors"], "generalisation sets: none"),
+    (["eval_repeats=20", "keep_by=r15:data_bit_errors"], "generalisation sets: 15, 20, r20$"),
+    (["eval_repeats=20", "keep_by=r20:perfect"], "'perfect' is not a metric of repeat_copy"),
+    (["eval_repeats=20", "keep_by=r20"], "must be SET:METRIC"),
+    (["eval_pairs=20x10", "keep_perfect_above=20r10:1"], "a number in \\[0, 1\\)"),
+    (["eval_pairs=20x10", "keep_perfect_above=20r10:most"], "a number in \\[0, 1\\)"),
+    (["input_max_norm=1", "input_max_norm_channels=10"], "has input channels 0 to 9"),
+    (["input_max_norm_channels=9"], "act only with a cap: set input_max_norm"),
+    (["input_max_norm=1", "input_max_norm_channels=-1"], "comma-separated integers >= 0"),
+    (["input_max_norm=-1"], "input_max_norm=-1.0 is out of range"),
+    (["input_max_norm=1", "input_max_norm_ramp=-5"], "input_max_norm_ramp=-5 is out of range"),
+])
+def test_the_keeping_and_input_cap_keys_are_checked(overrides, message):
+    from torch_ntm.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_config("repeat_copy", overrides=overrides)
+
+
+def test_eval_pairs_needs_a_task_with_a_repeat_count():
+    from torch_ntm.config import ConfigError
+
+    with pytest.raises(ConfigError, match="eval_pairs applies to a task with a repeat count"):
+        resolve_config("copy", overrides=["eval_pairs=20x10"])
+    assert resolve_config("repeat_copy", overrides=[
+        "input_max_norm=2", "input_max_norm_channels=0,9"]).input_max_norm_channels == [0, 9]
+
+
+def test_input_max_norm_caps_the_chosen_channels_on_a_ramp():
+    """After each update each chosen channel's input column is scaled down to the cap; the cap
+    falls linearly from the columns' largest norm at the first update to input_max_norm."""
+    from torch_ntm.factories import build_model, build_task
+    from torch_ntm.train import _Run, _State, input_weights
+
+    config = resolve_config("repeat_copy", overrides=[
+        "controller_size=8", "memory_size=8", "memory_width=4", "input_max_norm=1",
+        "input_max_norm_channels=3,9", "input_max_norm_ramp=100"])
+    run = _Run.__new__(_Run)  # the parts `_cap_input_weights` uses
+    run.config, run.state, run.task = config, _State(), build_task(config)
+    run.model = build_model(config, run.task)
+    weights = input_weights(run.model)
+    assert weights is run.model.controller.cells[0].weight_ih
+    with torch.no_grad():
+        for channel, norm in ((3, 2.0), (9, 4.0), (5, 7.0)):
+            weights[:, channel] *= norm / weights[:, channel].norm()
+    untouched = weights[:, [0, 5, 10]].clone()
+
+    def norms():
+        return [round(float(weights[:, c].detach().norm()), 5) for c in (3, 9)]
+
+    run._cap_input_weights(50)  # the start is 4 (channel 9's); halfway to 1: 2.5
+    assert run.state.input_norm_start == pytest.approx(4.0)
+    assert norms() == [2.0, 2.5]
+    run._cap_input_weights(75)  # 1.75
+    assert norms() == [1.75, 1.75]
+    with torch.no_grad():
+        weights[:, 3] *= 10  # an update that grew it
+    run._cap_input_weights(100)
+    assert norms() == [1.0, 1.0]
+    run._cap_input_weights(400)  # the cap stays at input_max_norm
+    assert norms() == [1.0, 1.0]
+    assert run.state.input_norm_start == pytest.approx(4.0)  # kept for an exact resume
+    assert torch.equal(weights[:, [0, 5, 10]], untouched)  # other inputs and the reads: not
+    # Without a ramp, the cap at once, on every input channel if none is chosen.
+    run.config = dataclasses.replace(config, input_max_norm_ramp=0, input_max_norm_channels=[])
+    run.state = _State()
+    run._cap_input_weights(1)
+    assert float(weights[:, :10].detach().norm(dim=0).max()) == pytest.approx(1.0)
+    assert torch.equal(weights[:, 10], untouched[:, 2])
+
+
 def test_eval_memory_size_is_checked_and_ignored_by_the_lstm_baseline():
     from torch_ntm.config import ConfigError
 

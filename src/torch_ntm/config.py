@@ -89,6 +89,16 @@ class TrainConfig(NTMOptions):
     # Also clip the global norm at this multiple of the median of the last 100 steps' norms
     # (torch_ntm.stability.SpikeClip; docs/stability.md); 0 disables.
     clip_spikes: float = 0.0
+    # A cap on the weights that chosen input channels feed (docs/results.md, repeat copy's
+    # count): after every update, each channel's column of the controller's first-layer input
+    # weights (an LSTM baseline's first layer) is scaled down to norm input_max_norm where it
+    # is above it. The channels are input_max_norm_channels (numbered from 0 as in the task's
+    # layout; empty: all of the task's input channels). With input_max_norm_ramp, the cap starts
+    # at those columns' largest norm after the first update and falls linearly to
+    # input_max_norm over that many training sequences. 0 disables.
+    input_max_norm: float = 0.0
+    input_max_norm_channels: list[int] = field(default_factory=list)
+    input_max_norm_ramp: int = 0
     # A stabiliser: once a validation first has <= lr_decay_bit_errors bit errors per sequence,
     # the learning rate is multiplied by lr_decay (once), so a solved task is fine-tuned gently
     # instead of being kicked out of its solution by full-size steps. <0 disables.
@@ -125,7 +135,20 @@ class TrainConfig(NTMOptions):
     # task's longest training length (logged as val@rR, ranked and stopping with eval_sizes'):
     # eval_sizes varies the length only, and draws the count from the training range.
     eval_repeats: list[int] = field(default_factory=list)
+    # Tasks with a repeat count: the same validations at (length, count) pairs, given as
+    # LENGTHxCOUNT, comma-separated (e.g. "20x10"; logged as val@20r10), ranked and stopping with
+    # eval_sizes'.
+    eval_pairs: str = ""
     eval_size_sequences: int = 100
+    # Which validation's weights a run keeps. After the fewest wrong bits in the training
+    # distribution: by default the fewest summed over the generalisation sets above; keep_by
+    # ranks by one set's metric instead, as SET:METRIC with SET as logged without "val@" (e.g.
+    # "r20:data_bit_errors", repeat copy's wrong data bits at 20 repeats). keep_perfect_above,
+    # SET:FRACTION, ranks the validations with more than FRACTION of that set's sequences
+    # perfect first, the others after them by how far short they fall (e.g. "20r10:0.95": more
+    # than 190 of 200). Empty: none.
+    keep_by: str = ""
+    keep_perfect_above: str = ""
     # Rows of memory for those validations and for the generalisation tables of `ntm train` and
     # `ntm evaluate` (no parameter depends on it); 0: memory_size. A copy of 120 items needs more
     # room than the 128 rows it trains with (a model perfect at 120 with 256 rows got 14 of 100
@@ -169,6 +192,33 @@ class TrainConfig(NTMOptions):
         """What `build_model` changes for generalisation: the rows of ``eval_memory_size``."""
         wider = self.eval_memory_size and self.model != "lstm"  # the LSTM baseline has no memory
         return {"memory_size": self.eval_memory_size} if wider else {}
+
+    def eval_pair_values(self) -> list[tuple[int, int]]:
+        """``eval_pairs`` as (length, count) pairs (`check` has checked its form)."""
+        return [_pair(item) for item in self.eval_pairs.split(",") if item.strip()]
+
+    def generalisation_sets(self) -> dict:
+        """The generalisation validation sets, by their name in ``metrics.csv`` without
+        ``val@``: the held-out task at each of ``eval_sizes`` ("SIZE"), at the longest training
+        length with each of ``eval_repeats`` ("rR"), and at each of ``eval_pairs`` ("LrR")."""
+        held_out = self.task_params.held_out()
+        sets = {str(size): held_out.with_size(size) for size in self.eval_sizes}
+        longest = held_out.with_size(self.task_params.train_size)
+        sets.update({f"r{r}": longest.with_repeats(r) for r in self.eval_repeats})
+        sets.update({f"{length}r{r}": held_out.with_size(length).with_repeats(r)
+                     for length, r in self.eval_pair_values()})
+        return sets
+
+    def keep_by_set(self) -> tuple[str, str] | None:
+        """``keep_by`` as (set, metric), or None."""
+        return tuple(self.keep_by.split(":")) if self.keep_by else None
+
+    def keep_perfect_floor(self) -> tuple[str, float] | None:
+        """``keep_perfect_above`` as (set, fraction), or None."""
+        if not self.keep_perfect_above:
+            return None
+        name, _, fraction = self.keep_perfect_above.partition(":")
+        return name, float(fraction)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=True)
@@ -224,10 +274,13 @@ class TrainConfig(NTMOptions):
                                                            self.task_params.output_size):
             raise ConfigError(f"{source}: the task's held-out data has other input or output "
                               f"widths than its training data")
-        if self.eval_repeats and not hasattr(self.task_params, "with_repeats"):
-            raise ConfigError(f"{source}: eval_repeats applies to a task with a repeat count "
-                              f"(repeat_copy), not {self.task}; use eval_sizes, or leave it "
-                              f"empty")
+        for key in ("eval_repeats", "eval_pairs"):
+            if getattr(self, key) and not hasattr(self.task_params, "with_repeats"):
+                raise ConfigError(f"{source}: {key} applies to a task with a repeat count "
+                                  f"(repeat_copy), not {self.task}; use eval_sizes, or leave "
+                                  f"it empty")
+        self._check_pairs_and_keeping(source)
+        self._check_input_max_norm(source)
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
@@ -246,6 +299,51 @@ class TrainConfig(NTMOptions):
             except ValueError as e:
                 raise ConfigError(f"{source}: curriculum_start={start} is not a size of this "
                                   f"task: {e}") from None
+
+    def _check_pairs_and_keeping(self, source: str) -> None:
+        """The forms of ``eval_pairs``, ``keep_by`` and ``keep_perfect_above``, and that the
+        sets these two name are validated."""
+        for item in self.eval_pairs.split(","):
+            if item.strip() and _pair(item) is None:
+                raise ConfigError(f"{source}: eval_pairs={self.eval_pairs!r}: {item.strip()!r} "
+                                  f"is not LENGTHxCOUNT with two integers >= 1 (e.g. 20x10)")
+        if not (self.keep_by or self.keep_perfect_above):
+            return
+        names = [*(str(s) for s in self.eval_sizes), *(f"r{r}" for r in self.eval_repeats),
+                 *(f"{length}r{r}" for length, r in self.eval_pair_values())]
+        metrics = ("bit_errors", "cost_bits", *self.task_params.extra_metrics)
+        for key, form, example in (("keep_by", "SET:METRIC", "r20:data_bit_errors"),
+                                   ("keep_perfect_above", "SET:FRACTION", "20r10:0.95")):
+            value = getattr(self, key)
+            if not value:
+                continue
+            name, sep, second = value.partition(":")
+            if not sep or name not in names:
+                listed = ", ".join(names) or "none (set eval_sizes, eval_repeats or eval_pairs)"
+                raise ConfigError(f"{source}: {key}={value!r} must be {form} (e.g. {example}) "
+                                  f"with SET one of the generalisation sets: {listed}")
+            if key == "keep_by" and second not in metrics:
+                raise ConfigError(f"{source}: keep_by={value!r}: {second!r} is not a metric of "
+                                  f"{self.task}; valid metrics: {', '.join(metrics)}")
+            if key == "keep_perfect_above":
+                try:
+                    fraction = float(second)
+                except ValueError:
+                    fraction = math.nan
+                if not 0 <= fraction < 1:
+                    raise ConfigError(f"{source}: keep_perfect_above={value!r}: the fraction "
+                                      f"must be a number in [0, 1)")
+
+    def _check_input_max_norm(self, source: str) -> None:
+        width = self.task_params.input_size
+        wrong = [c for c in self.input_max_norm_channels if c >= width]
+        if wrong:
+            raise ConfigError(f"{source}: input_max_norm_channels={self.input_max_norm_channels}:"
+                              f" {self.task} has input channels 0 to {width - 1}")
+        if not self.input_max_norm and (self.input_max_norm_channels
+                                        or self.input_max_norm_ramp):
+            raise ConfigError(f"{source}: input_max_norm_channels and input_max_norm_ramp act "
+                              f"only with a cap: set input_max_norm (> 0)")
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
@@ -287,6 +385,8 @@ _RANGES = {
     "clip_spikes": (lambda v: v == 0 or _finite(1)(v), "0 (off) or a finite number >= 1"),
     "curriculum_start": (lambda v: v >= 0, "an integer >= 0 (0 disables)"),
     "curriculum_bit_errors": (_finite(0), "a finite number >= 0"),
+    "input_max_norm": (_finite(0), "a finite number >= 0 (0 disables)"),
+    "input_max_norm_ramp": (lambda v: v >= 0, "an integer >= 0 (0: the cap at once)"),
     **{key: (_finite(-math.inf), "a finite number (< 0 disables)")
        for key in ("lr_decay_bit_errors", "rollback_bit_errors", "stop_bit_errors")},
 }
@@ -311,6 +411,8 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
               f"eval_sizes={size}") for size in (task.train_size, *config.eval_sizes)]
     drawn += [(task.with_size(task.train_size).with_repeats(r), task.train_size,
                f"eval_repeats={r}") for r in config.eval_repeats]
+    drawn += [(task.with_size(length).with_repeats(r), length, f"eval_pairs={length}x{r}")
+              for length, r in config.eval_pair_values()]
     for each, size, what in drawn:
         steps = each.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
         if steps > MAX_SEQUENCE_STEPS:
@@ -534,13 +636,34 @@ def check_resume(saved: TrainConfig, config: TrainConfig) -> None:
                           f"{', '.join(sorted(RESUMABLE))} may be changed when resuming")
 
 
+# Lists of numbers from 0 (channel indices); every other list holds positive integers.
+_INDEX_LISTS = frozenset({"input_max_norm_channels"})
+
+
+def _list_kind(name: str) -> tuple[int, str]:
+    """The least value of list key ``name``, and what its values are called."""
+    if name in _INDEX_LISTS:
+        return 0, "integers >= 0"
+    return 1, "positive integers"
+
+
+def _pair(item: str) -> tuple[int, int] | None:
+    """``"LxR"`` as (L, R), both >= 1; None if it is not of that form."""
+    length, sep, count = item.strip().lower().partition("x")
+    try:
+        pair = int(length), int(count)
+    except ValueError:
+        return None
+    return pair if sep and min(pair) >= 1 else None
+
+
 def _check_type(name: str, value, expected, source: str) -> None:
     if typing.get_origin(expected) is list:  # list[int]
+        least, kind = _list_kind(name)
         if not isinstance(value, list) or not all(
-            isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in value
+            isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value
         ):
-            raise ConfigError(f"{source}: {name} must be a list of positive integers, got "
-                              f"{value!r}")
+            raise ConfigError(f"{source}: {name} must be a list of {kind}, got {value!r}")
         return
     if expected is float and isinstance(value, int) and not isinstance(value, bool):
         return
@@ -557,9 +680,9 @@ def _check_type(name: str, value, expected, source: str) -> None:
 def _parse_value(text: str, expected, name: str, option: str = "--set"):
     """Parse a command-line string into ``expected`` (bool, int, float, str), or raise."""
     try:
-        if typing.get_origin(expected) is list:  # comma-separated positive integers
+        if typing.get_origin(expected) is list:  # comma-separated integers
             values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
-            if all(v >= 1 for v in values):
+            if all(v >= _list_kind(name)[0] for v in values):
                 return values
             raise ValueError
         if expected is bool:
@@ -577,7 +700,7 @@ def _parse_value(text: str, expected, name: str, option: str = "--set"):
             return text
     except ValueError:
         pass
-    kind = "comma-separated positive integers" if typing.get_origin(expected) is list else (
+    kind = f"comma-separated {_list_kind(name)[1]}" if typing.get_origin(expected) is list else (
         f"a value of type {expected.__name__}")
     raise ConfigError(f"{option} {name}={text}: expected {kind}")
 

@@ -8,6 +8,7 @@ and ``perfect`` (fraction of sequences without a wrong bit). The splits:
 - ``val``: the fixed validation set from the training distribution;
 - ``val@SIZE``: a generalisation set at task size ``SIZE`` (``eval_sizes``);
 - ``val@rR``: one at ``R`` repeats and the longest training length (``eval_repeats``);
+- ``val@LrR``: one at length ``L`` and ``R`` repeats (``eval_pairs``);
 - ``rollback``: the best validation's metrics, put back after a later one fell apart.
 - ``curriculum@SIZE``: no values; from this step on the curriculum trains on sizes up to
   ``SIZE`` (``curriculum_start``).

@@ -148,6 +148,18 @@ def _clip(config: TrainConfig, params, spikes: SpikeClip | None) -> torch.Tensor
     return nn.utils.clip_grad_norm_(params, max_norm)
 
 
+def input_weights(model: nn.Module) -> torch.Tensor:
+    """The weights of ``model``'s first layer that take its input (``[units, inputs]``, the
+    task's input channels first, then an NTM's or MANN's read vectors): the controller's first
+    LSTM cell's ``weight_ih`` or first linear layer's ``weight``, or the LSTM baseline's
+    ``weight_ih_l0``."""
+    if hasattr(model, "lstm"):  # the LSTM baseline
+        return model.lstm.weight_ih_l0
+    controller = model.controller
+    return controller.cells[0].weight_ih if hasattr(controller, "cells") else \
+        controller.layers[0].weight
+
+
 def _max_norm(config: TrainConfig) -> float:
     """The global-norm clip (``clip_norm``; 0: none, the norm still measured)."""
     return config.clip_norm if config.clip_norm > 0 else math.inf
@@ -241,15 +253,41 @@ def _scale_lr(optimizer: torch.optim.Optimizer, factor: float) -> None:
 
 def _score(metrics: dict) -> tuple:
     """Order of validations, best first: fewest wrong bits in the training distribution, then
-    fewest at the generalisation sets (``eval_sizes``, ``eval_repeats``: per sequence summed over
-    the sets; none validated counts as infinitely many), then the lowest cost. For a label task:
-    fewest wrong labels per episode on the held-out data, then the lowest cross-entropy (it has
-    no ``eval_sizes``). A task with a reference cost (n-grams) has random targets and no bit-exact
-    solution: the lowest cost alone."""
+    fewest at the generalisation sets (``eval_sizes``, ``eval_repeats``, ``eval_pairs``: per
+    sequence summed over the sets; none validated counts as infinitely many), or by
+    ``keep_perfect_above`` and ``keep_by`` where the config has them (the metrics'
+    ``selection_shortfall`` and ``selection_value``, from `_selection`), then the lowest cost. For a label task: fewest wrong labels per
+    episode on the held-out data, then the lowest cross-entropy (it has no ``eval_sizes``). A
+    task with a reference cost (n-grams) has random targets and no bit-exact solution: the
+    lowest cost alone."""
     if "reference_cost_bits" in metrics:
         return (metrics["cost_bits"],)
     general = metrics.get("general_bit_errors")
-    return (metrics["bit_errors"], math.inf if general is None else general, metrics["cost_bits"])
+    if "selection_value" in metrics:
+        rank = (metrics["selection_shortfall"], metrics["selection_value"])
+    else:
+        rank = (math.inf if general is None else general,)
+    return (metrics["bit_errors"], *rank, metrics["cost_bits"])
+
+
+def _selection(config: TrainConfig, rows: dict) -> tuple[float, float] | None:
+    """What ranks a validation by ``keep_perfect_above`` and ``keep_by``, given its rows at the
+    generalisation sets by name: [how far short of the share of perfect sequences it falls (0
+    when above), the keep_by metric (or the wrong bits summed over the sets)]; None without
+    either key. Shares are compared as counts of sequences (more than 0.95 of 200 is 191), not
+    as the float32 shares, whose rounding could put a count on either side."""
+    floor, by = config.keep_perfect_floor(), config.keep_by_set()
+    if floor is None and by is None:
+        return None
+    short = 0.0
+    if floor is not None:
+        name, fraction = floor
+        count = round(rows[name]["perfect"] * config.eval_size_sequences)
+        need = math.floor(fraction * config.eval_size_sequences + 1e-9) + 1  # more than this
+        short = max(0, need - count) / config.eval_size_sequences
+    value = (rows[by[0]][by[1]] if by is not None
+             else sum(row["bit_errors"] for row in rows.values()))
+    return short, value
 
 
 class _Best(BestWeights):
@@ -419,11 +457,17 @@ class _State:
     # the task's own sizes, or without one.
     curriculum_size: int = 0
     running: _Running = field(default_factory=_Running.none)
+    # input_max_norm_ramp's start: the capped columns' largest norm after the first update
+    # (None until then).
+    input_norm_start: float | None = None
 
-    EXTRA = ("nan_steps", "streak", "lr_decayed", "rollbacks", "curriculum_size", "running")
+    EXTRA = ("nan_steps", "streak", "lr_decayed", "rollbacks", "curriculum_size", "running",
+             "input_norm_start")
 
     def extra(self) -> dict:
-        return {key: getattr(self, key) for key in self.EXTRA}
+        """The ``EXTRA`` fields a checkpoint keeps (one that is None is left out)."""
+        values = {key: getattr(self, key) for key in self.EXTRA}
+        return {key: value for key, value in values.items() if value is not None}
 
     @classmethod
     def from_checkpoint(cls, ckpt) -> "_State":
@@ -486,13 +530,9 @@ class _Run:
         self.val_batches = validation_batches(config, self.task)
         # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the
         # model on other sequences than those that chose when to stop and which weights to keep.
-        held_out = self.task.held_out()
-        general = {str(size): held_out.with_size(size) for size in config.eval_sizes}
-        longest = held_out.with_size(self.task.train_size)
-        general.update({f"r{r}": longest.with_repeats(r) for r in config.eval_repeats})
         self.general_batches = {
             name: fixed_batches(task, config.eval_size_sequences, 50, seed=GENERAL_SEED)
-            for name, task in general.items()}
+            for name, task in config.generalisation_sets().items()}
         # The same weights with eval_memory_size rows (no parameter depends on the rows).
         self.general_model = self.model
         if config.eval_overrides() and self.general_batches:
@@ -604,6 +644,8 @@ class _Run:
         per_seq.mean().backward()
         if torch.isfinite(_clip(config, self.params, self.spikes)):
             self.optimizer.step()
+            if config.input_max_norm:
+                self._cap_input_weights(state.sequences + config.batch_size)
             if self.averaged is not None:
                 self._average(list(self.averaged.values()), self.params, None)
         else:
@@ -618,6 +660,26 @@ class _Run:
             state.running = state.running.plus(
                 float(per_seq.sum()) / math.log(2),
                 float(self.objective.errors(logits, targets, mask).sum()), per_seq.numel())
+
+    @torch.no_grad()
+    def _cap_input_weights(self, sequences: int) -> None:
+        """``input_max_norm`` after an update, ``sequences`` into training: each capped
+        channel's column of the first layer's input weights scaled down to the cap where its
+        norm is above it; the cap falls from the columns' largest norm at the first update to
+        ``input_max_norm`` over ``input_max_norm_ramp`` sequences."""
+        config, state = self.config, self.state
+        weights = input_weights(self.model)
+        channels = config.input_max_norm_channels or range(self.task.input_size)
+        if state.input_norm_start is None:
+            state.input_norm_start = float(weights[:, list(channels)].norm(dim=0).max())
+        cap, start = config.input_max_norm, state.input_norm_start
+        if config.input_max_norm_ramp:
+            done = min(1.0, sequences / config.input_max_norm_ramp)
+            cap = max(cap, start + (cap - start) * done)
+        for channel in channels:
+            norm = float(weights[:, channel].norm())
+            if norm > cap:
+                weights[:, channel].mul_(cap / norm)
 
     def _running_total(self) -> _Running:
         """The running sums of every process added up (this process's own without torchrun)."""
@@ -670,12 +732,15 @@ class _Run:
         if self.general_batches and metrics["bit_errors"] == 0:
             if self.general_model is not self.model:
                 self.general_model.load_state_dict(self.model.state_dict())
-            at_sizes = []
+            rows = {}
             for name, batches in self.general_batches.items():
-                row = evaluate_batches(self.general_model, batches)
-                at_sizes.append(row["bit_errors"])
-                self._write(f"val@{name}", row)
+                rows[name] = evaluate_batches(self.general_model, batches)
+                self._write(f"val@{name}", rows[name])
+            at_sizes = [row["bit_errors"] for row in rows.values()]
             metrics["general_bit_errors"] = sum(at_sizes)
+            selection = _selection(self.config, rows)
+            if selection is not None:
+                metrics["selection_shortfall"], metrics["selection_value"] = selection
         return metrics, max([metrics["bit_errors"], *at_sizes])
 
     def _count_towards_stopping(self, bit_errors: float, worst: float) -> None:
