@@ -256,10 +256,10 @@ def _score(metrics: dict) -> tuple:
     fewest at the generalisation sets (``eval_sizes``, ``eval_repeats``, ``eval_pairs``: per
     sequence summed over the sets; none validated counts as infinitely many), or by
     ``keep_perfect_above`` and ``keep_by`` where the config has them (the metrics'
-    ``selection_shortfall`` and ``selection_value``, from `_selection`), then the lowest cost. For a label task: fewest wrong labels per
-    episode on the held-out data, then the lowest cross-entropy (it has no ``eval_sizes``). A
-    task with a reference cost (n-grams) has random targets and no bit-exact solution: the
-    lowest cost alone."""
+    ``selection_shortfall`` and ``selection_value``, from `_selection`), then the lowest cost.
+    For a label task: fewest wrong labels per episode on the held-out data, then the lowest
+    cross-entropy (it has no ``eval_sizes``). A task with a reference cost (n-grams) has random
+    targets and no bit-exact solution: the lowest cost alone."""
     if "reference_cost_bits" in metrics:
         return (metrics["cost_bits"],)
     general = metrics.get("general_bit_errors")
