@@ -1,6 +1,9 @@
 """Scratch patch of the trainer (not part of the package): a cap on the norm of the count's
 input weights, and the validation that chose the shipped repeat copy model (docs/results.md,
 "Capping the count's input weights" and "The write head's wrap, and the model shipped since").
+Its cap, extra set and ranking are now options of `ntm train` (input_max_norm, eval_pairs,
+keep_by, keep_perfect_above), which give the shipped model's weights bitwise (docs/results.md);
+it stays here for the runs it made (COLCAP_WARM and COLCAP_FREEZE have no option).
 
     COLCAP=10.5 COLCAP_RAMP=15000 COLCAP_EXTRA=1 COLCAP_SCORE=len \
         python count-cap.py train repeat_copy ...                 # ntm's own arguments
