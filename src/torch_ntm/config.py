@@ -309,8 +309,7 @@ class TrainConfig(NTMOptions):
                                   f"is not LENGTHxCOUNT with two integers >= 1 (e.g. 20x10)")
         if not (self.keep_by or self.keep_perfect_above):
             return
-        names = [*(str(s) for s in self.eval_sizes), *(f"r{r}" for r in self.eval_repeats),
-                 *(f"{length}r{r}" for length, r in self.eval_pair_values())]
+        names = list(self.generalisation_sets())
         metrics = ("bit_errors", "cost_bits", *self.task_params.extra_metrics)
         for key, form, example in (("keep_by", "SET:METRIC", "r20:data_bit_errors"),
                                    ("keep_perfect_above", "SET:FRACTION", "20r10:0.95")):

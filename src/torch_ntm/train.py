@@ -272,8 +272,8 @@ def _score(metrics: dict) -> tuple:
 
 def _selection(config: TrainConfig, rows: dict) -> tuple[float, float] | None:
     """What ranks a validation by ``keep_perfect_above`` and ``keep_by``, given its rows at the
-    generalisation sets by name: [how far short of the share of perfect sequences it falls (0
-    when above), the keep_by metric (or the wrong bits summed over the sets)]; None without
+    generalisation sets by name: (how far short of the share of perfect sequences it falls, 0
+    when above; the keep_by metric, or the wrong bits summed over the sets); None without
     either key. Shares are compared as counts of sequences (more than 0.95 of 200 is 191), not
     as the float32 shares, whose rounding could put a count on either side."""
     floor, by = config.keep_perfect_floor(), config.keep_by_set()
