@@ -163,6 +163,20 @@ def test_an_absent_device_is_refused_before_a_run_directory_is_made(tmp_path, ca
     (["bench", "--threads", "0"], "ntm: error: --threads must be >= 1, got 0"),
     (["bench", "--seq-len", "0"], "ntm: error: --seq-len must be >= 1, got 0"),
     (["bench", "--steps", "0"], "ntm: error: --steps must be >= 1, got 0"),
+    # sequences too long to be meant: refused before one is drawn (a billion steps would not
+    # fit in memory) or from one drawn, with its steps
+    (["bench", "--seq-len", "1000000000"], "ntm: error: --seq-len 1000000000: a copy sequence "
+     "takes at least 1,000,000,000 steps, more than 10,000: choose a shorter --seq-len"),
+    (["bench", "--seq-len", "5001"], "ntm: error: --seq-len 5001: a copy sequence takes 10,003 "
+     "steps, more than 10,000"),
+    (["evaluate", "RUN", "--lengths", "10,1000000000"], "ntm: error: --lengths 1000000000: a "
+     "copy sequence takes at least 1,000,000,000 steps, more than 100,000: choose shorter "
+     "lengths"),
+    (["evaluate", "RUN", "--lengths", "50001"], "ntm: error: --lengths 50001: a copy sequence "
+     "takes 100,003 steps, more than 100,000"),
+    (["evaluate", "--pretrained", "repeat_copy", "--lengths", "10", "--repeats", "20,10000"],
+     "ntm: error: --lengths 10 --repeats 10000: a repeat_copy sequence takes 100,013 steps, "
+     "more than 100,000: choose shorter lengths or fewer repeats"),
     (["evaluate", "WEIGHTS"], "ntm: error: WEIGHTS: a weights file; pass its run directory "
      "(RUN) or the checkpoint.json"),
     (["bench", "--memory-size", "2", "--engines", "eager"],

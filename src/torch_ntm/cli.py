@@ -340,7 +340,7 @@ def _checkpoint_arg(args) -> Path:
 
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import ConfigError, apply_overrides
+    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, apply_overrides, check_steps
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
 
@@ -362,6 +362,14 @@ def _cmd_evaluate(args) -> int:
     sizes = args.lengths or list(task.eval_sizes)
     for size in sizes:
         _check_size(task, size, "--lengths")
+    for repeats in args.repeats or [None]:
+        for size in sizes:
+            each = task.with_size(size) if repeats is None or not hasattr(
+                task, "with_repeats") else task.with_size(size).with_repeats(repeats)
+            shown = f" --repeats {repeats}" if repeats is not None else ""
+            check_steps(each, size, f"--lengths {size}{shown}: a {task.name} sequence",
+                        "choose shorter lengths" + (" or fewer repeats" if shown else ""),
+                        MAX_EVAL_STEPS)
     num = args.sequences or 100
     if args.repeats is None:
         rows = evaluate_sizes(model, task, sizes, num_sequences=num)
@@ -522,6 +530,13 @@ def _cmd_bench(args) -> int:
                         ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
+    if args.seq_len is not None:
+        from torch_ntm.config import check_steps
+        from torch_ntm.tasks import CopyTask
+
+        # it trains on them, as `ntm train` (its limit)
+        check_steps(CopyTask().with_size(args.seq_len), args.seq_len,
+                    f"--seq-len {args.seq_len}: a copy sequence", "choose a shorter --seq-len")
     kwargs = {"seq_len": args.seq_len, "device": resolve_device(args.device),
               "threads": args.threads}
     if args.batch_size:

@@ -21,8 +21,8 @@ from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
-    "resolve_device", "check_memory_size", "default_preset", "check_resume", "MODELS",
-    "OPTIMIZERS", "RESUMABLE", "differing_keys",
+    "resolve_device", "check_memory_size", "check_steps", "default_preset", "check_resume",
+    "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
@@ -402,9 +402,7 @@ MAX_SEQUENCE_STEPS = 10_000
 
 def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     """Raise `ConfigError` if the task's longest training sequence, or one at ``eval_sizes``,
-    has more than `MAX_SEQUENCE_STEPS` time steps."""
-    import torch
-
+    ``eval_repeats`` or ``eval_pairs``, has more than `MAX_SEQUENCE_STEPS` time steps."""
     task = config.task_params
     drawn = [(task.with_size(size), size, "training" if size == task.train_size else
               f"eval_sizes={size}") for size in (task.train_size, *config.eval_sizes)]
@@ -413,12 +411,32 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     drawn += [(task.with_size(length).with_repeats(r), length, f"eval_pairs={length}x{r}")
               for length, r in config.eval_pair_values()]
     for each, size, what in drawn:
-        steps = each.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
-        if steps > MAX_SEQUENCE_STEPS:
-            raise ConfigError(
-                f"{source}: a {config.task} sequence of {task.size_name} {size} ({what}) takes "
-                f"{steps:,} steps, more than {MAX_SEQUENCE_STEPS:,}: lower the size (e.g. "
-                f"task.max_length) or the {what.partition('=')[0]}")
+        key = what.partition("=")[0]
+        check_steps(each, size, f"{source}: a {config.task} sequence of {task.size_name} {size} "
+                    f"({what})", f"lower the size (e.g. task.max_length) or the {key}")
+
+
+# The same for `ntm evaluate`, which runs no backward and keeps no step's state for one: ten
+# times as long, beyond what any of the paper's tests asks (copy at L = 120).
+MAX_EVAL_STEPS = 100_000
+
+
+def check_steps(task, size: int, what: str, fix: str, limit: int = MAX_SEQUENCE_STEPS) -> None:
+    """Raise `ConfigError` (``what`` takes N steps, more than ``limit``: ``fix``) if the longest
+    sequence of ``task`` (at ``size``) has more steps than ``limit``. A sequence has at least as
+    many steps as its size and its repeat count, so a larger one is refused before a sequence
+    is drawn (one of a billion steps would not fit in memory)."""
+    import torch
+
+    least = max(size, getattr(task, "max_repeats", 0))
+    if least > limit:
+        steps = f"at least {least:,}"
+    else:
+        count = task.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
+        if count <= limit:
+            return
+        steps = f"{count:,}"
+    raise ConfigError(f"{what} takes {steps} steps, more than {limit:,}: {fix}")
 
 
 def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
