@@ -356,7 +356,8 @@ BAD_SETS = ["batch_size=0", "batch_size=-4", "eval_every=0", "log_every=0", "eva
             "stop_bit_errors=nan", "max_sequences=0", "patience_evals=0", "batch_size=1e3",
             "seed=1e23", "clip_spikes=0.5", "clip_spikes=nan", "max_gamma=1", "max_gamma=-2",
             "max_beta=inf", "eval_sizes=0", "eval_sizes=40,x", "eval_size_sequences=0",
-            "task.max_length=100000", "eval_sizes=40,6000", "eval_repeats=0", "eval_repeats=15"]
+            "task.max_length=100000", "eval_sizes=40,6000", "eval_repeats=0", "eval_repeats=15",
+            "eval_sizes=1000000000"]  # refused before a sequence of a billion steps is drawn
 
 
 @pytest.mark.parametrize("item", BAD_SETS)
