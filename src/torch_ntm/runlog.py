@@ -80,22 +80,22 @@ def _is_number(text: str) -> bool:
 class MetricsLog:
     """Appends rows to ``run_dir/metrics.csv`` and TensorBoard.
 
-    Opened for a resume (``resume_step``, at ``resume_sequences``), it first drops the rows after
-    that step (written after the checkpoint it resumes from), rewriting the file atomically: a
-    kill keeps the old rows; and TensorBoard drops its points after those sequences (its x axis).
-    TensorBoard is optional at run time; the CSV is always written.
+    Opened for a resume (``resume_at``: the step and the sequences of the checkpoint it resumes
+    from), it first drops the rows after that step (written after the checkpoint), rewriting the
+    file atomically: a kill keeps the old rows; and TensorBoard drops its points after those
+    sequences (its x axis). TensorBoard is optional at run time; the CSV is always written.
     """
 
-    def __init__(self, run_dir: Path, resume_step: int | None = None,
-                 extra_fields: tuple[str, ...] = (), resume_sequences: int | None = None):
+    def __init__(self, run_dir: Path, extra_fields: tuple[str, ...] = (),
+                 resume_at: tuple[int, int] | None = None):
         from torch_ntm.checkpoint import _atomic_write
 
         self.path = run_dir / "metrics.csv"
         self.fields = [*FIELDS, *extra_fields]
         self.values = [*_VALUES, *extra_fields]
         rows = []
-        if resume_step is not None:
-            rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_step]
+        if resume_at is not None:
+            rows = [r for r in read_metrics(self.path) if int(r["step"]) <= resume_at[0]]
         text = io.StringIO(newline="")
         writer = csv.DictWriter(text, self.fields, extrasaction="ignore")
         writer.writeheader()
@@ -107,7 +107,7 @@ class MetricsLog:
 
             # Points are logged at their sequence count, so the purge counts sequences (by the
             # step, every resume wiped the points from that many sequences on: most of them).
-            purge = None if resume_step is None else resume_sequences + 1
+            purge = None if resume_at is None else resume_at[1] + 1
             self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
         except ImportError:
             pass

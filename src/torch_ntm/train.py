@@ -521,9 +521,8 @@ class _Run:
         self.idle = resume and (self.finished or self.out_of_time(self.state.elapsed_s))
         if self.world.main and not self.idle:
             run_dir.mkdir(parents=True, exist_ok=True)
-            self.log = MetricsLog(run_dir, self.state.step if resume else None,  # checks it
-                                  extra_fields=self.task.extra_metrics,
-                                  resume_sequences=self.state.sequences)
+            resume_at = (self.state.step, self.state.sequences) if resume else None
+            self.log = MetricsLog(run_dir, self.task.extra_metrics, resume_at)  # checks it
             (run_dir / "config.json").write_text(config.to_json() + "\n")
         self.train_model = self.world.wrap(self.model)
         # Every rank validates the whole (small) set, so all reach the same stopping decision.
