@@ -244,12 +244,12 @@ def _metrics_line(metrics: dict) -> str:
 
 def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.config import override_keys
     from torch_ntm.train import train
 
     started = time.perf_counter()
     # A rate given on resume replaces the run's current one, even the value it started with.
-    new_lr = args.resume is not None and "lr" in {o.partition("=")[0].strip()
-                                                  for o in args.overrides}
+    new_lr = args.resume is not None and "lr" in override_keys(args.overrides)
     result = train(config, run_dir, resume=args.resume is not None,
                    progress=False if args.no_progress else None, new_lr=new_lr)
     if not main_process:

@@ -22,7 +22,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 __all__ = [
     "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
     "resolve_device", "check_memory_size", "check_steps", "default_preset", "check_resume",
-    "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
+    "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys", "override_keys",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
@@ -728,6 +728,11 @@ def _split(item: str, option: str) -> tuple[str, str]:
     if not sep or not key:
         raise ConfigError(f"{option} expects key=value, got {item!r}")
     return key, text
+
+
+def override_keys(overrides: list[str], option: str = "--set") -> set[str]:
+    """The keys that ``key=value`` strings set (as given: ``task.max_length``)."""
+    return {_split(item, option)[0] for item in overrides}
 
 
 def _keys(obj) -> dict[str, str]:
