@@ -362,19 +362,19 @@ def _cmd_evaluate(args) -> int:
     sizes = args.lengths or list(task.eval_sizes)
     for size in sizes:
         _check_size(task, size, "--lengths")
+    if args.repeats is not None and not hasattr(task, "with_repeats"):
+        raise ConfigError(f"--repeats applies to repeat_copy, not {task.name}")
     for repeats in args.repeats or [None]:
         for size in sizes:
-            each = task.with_size(size) if repeats is None or not hasattr(
-                task, "with_repeats") else task.with_size(size).with_repeats(repeats)
-            shown = f" --repeats {repeats}" if repeats is not None else ""
+            each, shown = task.with_size(size), ""
+            if repeats is not None:
+                each, shown = each.with_repeats(repeats), f" --repeats {repeats}"
             check_steps(each, size, f"--lengths {size}{shown}: a {task.name} sequence",
                         "choose shorter lengths" + (" or fewer repeats" if shown else ""),
                         MAX_EVAL_STEPS)
     num = args.sequences or 100
     if args.repeats is None:
         rows = evaluate_sizes(model, task, sizes, num_sequences=num)
-    elif not hasattr(task, "with_repeats"):
-        raise ConfigError(f"--repeats applies to repeat_copy, not {task.name}")
     else:  # one row per (length, repeats), lengths first
         rows = [{task.size_name: row.pop(task.size_name), "repeats": repeats, **row}
                 for repeats in args.repeats
