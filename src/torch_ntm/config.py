@@ -201,13 +201,20 @@ class TrainConfig(NTMOptions):
         """The generalisation validation sets, by their name in ``metrics.csv`` without
         ``val@``: the held-out task at each of ``eval_sizes`` ("SIZE"), at the longest training
         length with each of ``eval_repeats`` ("rR"), and at each of ``eval_pairs`` ("LrR")."""
-        held_out = self.task_params.held_out()
-        sets = {str(size): held_out.with_size(size) for size in self.eval_sizes}
-        longest = held_out.with_size(self.task_params.train_size)
-        sets.update({f"r{r}": longest.with_repeats(r) for r in self.eval_repeats})
-        sets.update({f"{length}r{r}": held_out.with_size(length).with_repeats(r)
-                     for length, r in self.eval_pair_values()})
-        return sets
+        return {name: task for name, _, _, task in self._generalisation()}
+
+    def _generalisation(self) -> list[tuple[str, str, int, Task]]:
+        """`generalisation_sets` with the setting that asks for each (``eval_sizes=20``) and
+        its size: (name, setting, size, task)."""
+        held_out, longest = self.task_params.held_out(), self.task_params.train_size
+        return [
+            *((str(size), f"eval_sizes={size}", size, held_out.with_size(size))
+              for size in self.eval_sizes),
+            *((f"r{r}", f"eval_repeats={r}", longest, held_out.with_size(longest).with_repeats(r))
+              for r in self.eval_repeats),
+            *((f"{length}r{r}", f"eval_pairs={length}x{r}", length,
+               held_out.with_size(length).with_repeats(r))
+              for length, r in self.eval_pair_values())]
 
     def keep_by_set(self) -> tuple[str, str] | None:
         """``keep_by`` as (set, metric), or None."""
@@ -404,13 +411,8 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     """Raise `ConfigError` if the task's longest training sequence, or one at ``eval_sizes``,
     ``eval_repeats`` or ``eval_pairs``, has more than `MAX_SEQUENCE_STEPS` time steps."""
     task = config.task_params
-    drawn = [(task.with_size(size), size, "training" if size == task.train_size else
-              f"eval_sizes={size}") for size in (task.train_size, *config.eval_sizes)]
-    drawn += [(task.with_size(task.train_size).with_repeats(r), task.train_size,
-               f"eval_repeats={r}") for r in config.eval_repeats]
-    drawn += [(task.with_size(length).with_repeats(r), length, f"eval_pairs={length}x{r}")
-              for length, r in config.eval_pair_values()]
-    for each, size, what in drawn:
+    training = ("", "training", task.train_size, task.with_size(task.train_size))
+    for _, what, size, each in (training, *config._generalisation()):
         key = what.partition("=")[0]
         check_steps(each, size, f"{source}: a {config.task} sequence of {task.size_name} {size} "
                     f"({what})", f"lower the size (e.g. task.max_length) or the {key}")
