@@ -270,10 +270,11 @@ def _score(metrics: dict) -> tuple:
     return (metrics["bit_errors"], *rank, metrics["cost_bits"])
 
 
-def _selection(config: TrainConfig, rows: dict) -> tuple[float, float] | None:
+def _selection(config: TrainConfig, rows: dict, general: float) -> tuple[float, float] | None:
     """What ranks a validation by ``keep_perfect_above`` and ``keep_by``, given its rows at the
-    generalisation sets by name: (how far short of the share of perfect sequences it falls, 0
-    when above; the keep_by metric, or the wrong bits summed over the sets); None without
+    generalisation sets by name and its wrong bits summed over them (``general``): (how far
+    short of the share of perfect sequences it falls, 0 when above; the keep_by metric, or
+    ``general``); None without
     either key. Shares are compared as counts of sequences (more than 0.95 of 200 is 191), not
     as the float32 shares, whose rounding could put a count on either side."""
     floor, by = config.keep_perfect_floor(), config.keep_by_set()
@@ -285,9 +286,7 @@ def _selection(config: TrainConfig, rows: dict) -> tuple[float, float] | None:
         count = round(rows[name]["perfect"] * config.eval_size_sequences)
         need = math.floor(fraction * config.eval_size_sequences + 1e-9) + 1  # more than this
         short = max(0, need - count) / config.eval_size_sequences
-    value = (rows[by[0]][by[1]] if by is not None
-             else sum(row["bit_errors"] for row in rows.values()))
-    return short, value
+    return short, (rows[by[0]][by[1]] if by is not None else general)
 
 
 class _Best(BestWeights):
@@ -737,7 +736,7 @@ class _Run:
                 self._write(f"val@{name}", rows[name])
             at_sizes = [row["bit_errors"] for row in rows.values()]
             metrics["general_bit_errors"] = sum(at_sizes)
-            selection = _selection(self.config, rows)
+            selection = _selection(self.config, rows, metrics["general_bit_errors"])
             if selection is not None:
                 metrics["selection_shortfall"], metrics["selection_value"] = selection
         return metrics, max([metrics["bit_errors"], *at_sizes])
