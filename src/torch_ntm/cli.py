@@ -524,19 +524,16 @@ def _cmd_sweep(args) -> int:
 
 def _cmd_bench(args) -> int:
     from torch_ntm.bench import check_memory_size, format_table, run_bench
-    from torch_ntm.config import ConfigError, resolve_device
+    from torch_ntm.config import ConfigError, check_steps, resolve_device
+    from torch_ntm.tasks import CopyTask
 
     for name, value in (("--threads", args.threads), ("--seq-len", args.seq_len),
                         ("--steps", args.steps)):
         if value is not None and value < 1:
             raise ConfigError(f"{name} must be >= 1, got {value}")
-    if args.seq_len is not None:
-        from torch_ntm.config import check_steps
-        from torch_ntm.tasks import CopyTask
-
-        # it trains on them, as `ntm train` (its limit)
-        check_steps(CopyTask().with_size(args.seq_len), args.seq_len,
-                    f"--seq-len {args.seq_len}: a copy sequence", "choose a shorter --seq-len")
+    # it trains on them, as `ntm train` (its limit)
+    check_steps(CopyTask().with_size(args.seq_len), args.seq_len,
+                f"--seq-len {args.seq_len}: a copy sequence", "choose a shorter --seq-len")
     kwargs = {"seq_len": args.seq_len, "device": resolve_device(args.device),
               "threads": args.threads}
     if args.batch_size:
