@@ -6,124 +6,22 @@
 // a step (head activations, addressing, erase and add, reads, the LSTM's gates) plain loops over
 // one batch element's memory, vectorised.
 
+#include "common.h"
 #include "sequence.h"
 
 #include <ATen/Parallel.h>
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
 
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
 #include <limits>
-#include <type_traits>
+#include <stdexcept>
+#include <vector>
 
 namespace torch_ntm {
 namespace {
 
 constexpr double kEps = 1e-8;  // functional.EPS
-
-// ------------------------------------------------------------------------------------------------
-// Small loops. `#pragma omp simd` (with -fopenmp-simd) lets the reductions vectorise.
-// ------------------------------------------------------------------------------------------------
-
-template <typename F>
-using Vec = at::vec::Vectorized<F>;
-
-template <typename F>
-inline F dot(const F* a, const F* b, int64_t n) {
-  F acc = 0;
-  if (n >= 4 * Vec<F>::size()) {
-    using V = Vec<F>;
-    constexpr int64_t W = V::size();
-    V s0(F(0)), s1(F(0)), s2(F(0)), s3(F(0));
-    int64_t i = 0;
-    for (; i + 4 * W <= n; i += 4 * W) {
-      s0 = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), s0);
-      s1 = at::vec::fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
-      s2 = at::vec::fmadd(V::loadu(a + i + 2 * W), V::loadu(b + i + 2 * W), s2);
-      s3 = at::vec::fmadd(V::loadu(a + i + 3 * W), V::loadu(b + i + 3 * W), s3);
-    }
-    F lanes[W];
-    ((s0 + s1) + (s2 + s3)).store(lanes);
-    for (int64_t l = 0; l < W; ++l) acc += lanes[l];
-    a += i;
-    b += i;
-    n -= i;
-  }
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
-  return acc;
-}
-
-template <typename F>
-inline F sum(const F* a, int64_t n) {
-  F acc = 0;
-#pragma omp simd reduction(+ : acc)
-  for (int64_t i = 0; i < n; ++i) acc += a[i];
-  return acc;
-}
-
-// max(init, a[0], ..., a[n-1]), vectorised (std::max in a loop is not: its NaN rule).
-template <typename F>
-inline F max_of(const F* a, int64_t n, F init) {
-  using V = Vec<F>;
-  constexpr int64_t W = V::size();
-  V m(init);
-  int64_t i = 0;
-  for (; i + W <= n; i += W) m = at::vec::maximum(m, V::loadu(a + i));
-  F lanes[W];
-  m.store(lanes);
-  F out = init;
-  for (int64_t l = 0; l < W; ++l) out = lanes[l] > out ? lanes[l] : out;
-  for (; i < n; ++i) out = a[i] > out ? a[i] : out;
-  return out;
-}
-
-template <typename F>
-inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
-
-// Elementwise maps over n values with ATen's vector type (SLEEF's exp, log and tanh, as torch's
-// own CPU kernels use), so that the transcendental functions of a step vectorise too.
-
-template <typename F>
-inline Vec<F> vsigmoid(Vec<F> x) { return (Vec<F>(F(1)) + x.neg().exp()).reciprocal(); }
-
-template <typename F, typename Op>
-inline void map1(F* out, const F* a, int64_t n, const Op& op) { at::vec::map(op, out, a, n); }
-
-// y[i] (+)= sum_j x[j] a[j][i] for a [rows, n] row-major: a memory's rows combined (cosine
-// numerators, gradients of weightings). Four vector registers of y at a time stay in registers
-// over all rows, instead of a load and store of y per row.
-template <typename F>
-void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool accumulate) {
-  using V = Vec<F>;
-  constexpr int64_t W = V::size();
-  int64_t i = 0;
-  for (; i + 4 * W <= n; i += 4 * W) {
-    V y0 = accumulate ? V::loadu(y + i) : V(F(0));
-    V y1 = accumulate ? V::loadu(y + i + W) : V(F(0));
-    V y2 = accumulate ? V::loadu(y + i + 2 * W) : V(F(0));
-    V y3 = accumulate ? V::loadu(y + i + 3 * W) : V(F(0));
-    for (int64_t j = 0; j < rows; ++j) {
-      const V xj(x[j]);
-      const F* r = a + j * n + i;
-      y0 = at::vec::fmadd(xj, V::loadu(r), y0);
-      y1 = at::vec::fmadd(xj, V::loadu(r + W), y1);
-      y2 = at::vec::fmadd(xj, V::loadu(r + 2 * W), y2);
-      y3 = at::vec::fmadd(xj, V::loadu(r + 3 * W), y3);
-    }
-    y0.store(y + i);
-    y1.store(y + i + W);
-    y2.store(y + i + 2 * W);
-    y3.store(y + i + 3 * W);
-  }
-  for (; i < n; ++i) {
-    F acc = accumulate ? y[i] : F(0);
-    for (int64_t j = 0; j < rows; ++j) acc += x[j] * a[j * n + i];
-    y[i] = acc;
-  }
-}
 
 // Row i + offset of n rows, circularly (|offset| < n), as two straight runs: rows i < split are
 // at i + lo, rows from split on at i + hi.
@@ -156,12 +54,6 @@ inline F shift_dot(const F* a, const F* in, int64_t offset, int64_t n) {
   for (int64_t i = w.split; i < n; ++i) acc += a[i] * in[i + w.hi];
   return acc;
 }
-
-// F.softplus (threshold 20) and its derivative.
-template <typename F>
-inline F softplus(F x) { return x > F(20) ? x : std::log1p(std::exp(x)); }
-template <typename F>
-inline F softplus_grad(F x) { return x > F(20) ? F(1) : sigmoid(x); }
 
 // ------------------------------------------------------------------------------------------------
 // Head activations (fast._activate_heads) and their backward.
@@ -446,48 +338,6 @@ void write_and_read(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
   }
 }
 
-// Row-major out[m, n] = A[m, k] B[k, n] + beta out, with A given as [k, m] if ta and B as [n, k]
-// if tb: BLAS's gemm where torch exports it (its MKL), else a plain loop.
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
-            const float*, const int*, const float*, const int*, const float*, float*,
-            const int*) __attribute__((weak));
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
-            const double*, const int*, const double*, const int*, const double*, double*,
-            const int*) __attribute__((weak));
-}
-
-template <typename F>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F* b, F beta,
-          F* out) {
-  const int im = m, in = n, ik = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
-  const F one = 1;
-  // Column-major BLAS: out^T [n, m] = op(B)^T op(A)^T.
-  const char* opa = ta ? "T" : "N";
-  const char* opb = tb ? "T" : "N";
-  if constexpr (std::is_same_v<F, float>) {
-    if (sgemm_) return sgemm_(opb, opa, &in, &im, &ik, &one, b, &ldb, a, &lda, &beta, out, &ldc);
-  } else {
-    if (dgemm_) return dgemm_(opb, opa, &in, &im, &ik, &one, b, &ldb, a, &lda, &beta, out, &ldc);
-  }
-  // No BLAS exported: the plain loop.
-  for (int64_t i = 0; i < m; ++i) {
-    for (int64_t j = 0; j < n; ++j) {
-      F acc = 0;
-      for (int64_t q = 0; q < k; ++q) {
-        acc += (ta ? a[q * m + i] : a[i * k + q]) * (tb ? b[j * k + q] : b[q * n + j]);
-      }
-      out[i * n + j] = beta == F(0) ? acc : beta * out[i * n + j] + acc;  // as BLAS: 0 * NaN
-    }
-  }
-}
-
-// Rows [0, rows) of out [rows, width] set to the row `vec` [width].
-template <typename F>
-void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
-  for (int64_t r = 0; r < rows; ++r) std::copy(vec, vec + width, out + r * width);
-}
-
 // ------------------------------------------------------------------------------------------------
 // Backward.
 // ------------------------------------------------------------------------------------------------
@@ -646,21 +496,7 @@ void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
       gemm<F>(false, true, B, G, Z, z, wts[l], F(1), a);  // a += z W^T
       F* hn = v.h(s1, l);
       if (c.lstm) {  // gates (i, f, o, g), kept activated for the backward
-        const F* cp = v.cell(s0, l);
-        F* cn = v.cell(s1, l);
-        for (int64_t b = 0; b < B; ++b) {
-          F* g = a + b * 4 * C;
-          map1(g, g, 3 * C, vsigmoid<F>);
-          map1(g + 3 * C, g + 3 * C, C, [](Vec<F> x) { return x.tanh(); });
-          const F* cpb = cp + b * C;
-          F* cnb = cn + b * C;
-          F* hnb = hn + b * C;
-#pragma omp simd
-          for (int64_t u = 0; u < C; ++u) cnb[u] = g[C + u] * cpb[u] + g[u] * g[3 * C + u];
-          map1(hnb, cnb, C, [](Vec<F> x) { return x.tanh(); });
-#pragma omp simd
-          for (int64_t u = 0; u < C; ++u) hnb[u] *= g[2 * C + u];
-        }
+        lstm_gates(a, v.cell(s0, l), v.cell(s1, l), hn, B, C);
       } else {
         map1(a, a, B * C, [](Vec<F> x) { return x.tanh(); });
         std::copy(a, a + B * C, hn);
@@ -731,29 +567,8 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
       if (c.lstm) {
 #pragma omp simd
         for (int64_t e = 0; e < B * C; ++e) dh[e] += dgl[e];
-        const F* cp = v.cell(t, l);
-        const F* cn = v.cell(t + 1, l);
-        F* dcp = gdc + l * B * C;
-        for (int64_t b = 0; b < B; ++b) {
-          const F* gt = ap + b * 4 * C;  // activated gates (i, f, o, g)
-          F* dg = dp + b * 4 * C;
-          map1(tc.data(), cn + b * C, C, [](Vec<F> x) { return x.tanh(); });
-          const F* tcb = tc.data();
-          const F* cpb = cp + b * C;
-          const F* dhb = dh + b * C;
-          F* dcb = dcp + b * C;
-#pragma omp simd
-          for (int64_t u = 0; u < C; ++u) {
-            const F i = gt[u], f = gt[C + u], o = gt[2 * C + u], gg = gt[3 * C + u];
-            const F d = dhb[u];
-            const F dc = dcb[u] + d * o * (F(1) - tcb[u] * tcb[u]);
-            dg[u] = dc * gg * i * (F(1) - i);
-            dg[C + u] = dc * cpb[u] * f * (F(1) - f);
-            dg[2 * C + u] = d * tcb[u] * o * (F(1) - o);
-            dg[3 * C + u] = dc * i * (F(1) - gg * gg);
-            dcb[u] = dc * f;
-          }
-        }
+        lstm_gates_backward(ap, v.cell(t, l), v.cell(t + 1, l), dh, gdc + l * B * C, dp, tc.data(),
+                            B, C);
       } else {
 #pragma omp simd
         for (int64_t e = 0; e < B * C; ++e) dp[e] = dh[e] * (F(1) - ap[e] * ap[e]);
@@ -867,32 +682,24 @@ void run_backward(const int64_t* sizes, const double* reals, const uintptr_t* p)
   backward<F>(v, params, sizes[0], g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
 }
 
-// run(...), with no exception crossing into C: 0, or 1 if it threw.
-int guarded(void (*run)(const int64_t*, const double*, const uintptr_t*), const int64_t* sizes,
-            const double* reals, const uintptr_t* p) {
-  try {
-    run(sizes, reals, p);
-    return 0;
-  } catch (...) {
-    return 1;
-  }
-}
-
 }  // namespace
 }  // namespace torch_ntm
 
 extern "C" {
 
-// dtype: 0 float32, 1 float64. Each returns 0, or 1 after an exception (none is expected: the
-// caller checks shapes).
+// dtype: 0 float32, 1 float64. Each returns 0, or 1 with the message in torch_ntm_last_error.
 int torch_ntm_forward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype == 0 ? torch_ntm::run_forward<float>
-                                       : torch_ntm::run_forward<double>, sizes, reals, p);
+  return torch_ntm::guarded([&] {
+    dtype == 0 ? torch_ntm::run_forward<float>(sizes, reals, p)
+               : torch_ntm::run_forward<double>(sizes, reals, p);
+  });
 }
 
 int torch_ntm_backward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype == 0 ? torch_ntm::run_backward<float>
-                                       : torch_ntm::run_backward<double>, sizes, reals, p);
+  return torch_ntm::guarded([&] {
+    dtype == 0 ? torch_ntm::run_backward<float>(sizes, reals, p)
+               : torch_ntm::run_backward<double>(sizes, reals, p);
+  });
 }
 
 }  // extern "C"

@@ -1,0 +1,249 @@
+// What every native model's kernels share (kernels.cpp for the NTM, mann.cpp for the MANN): small
+// vectorised loops over contiguous rows, the matmul (torch's BLAS), the LSTM controller's gates
+// forward and backward, and the C entry points' error reporting. No torch header but ATen's vector
+// type, so that a build takes seconds.
+
+#pragma once
+
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <exception>
+#include <type_traits>
+
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
+            const float*, const int*, const float*, const int*, const float*, float*,
+            const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
+            const double*, const int*, const double*, const int*, const double*, double*,
+            const int*) __attribute__((weak));
+}
+
+namespace torch_ntm {
+
+// ------------------------------------------------------------------------------------------------
+// Small loops. `#pragma omp simd` (with -fopenmp-simd) lets the reductions vectorise.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+using Vec = at::vec::Vectorized<F>;
+
+template <typename F>
+inline F dot(const F* a, const F* b, int64_t n) {
+  F acc = 0;
+  if (n >= 4 * Vec<F>::size()) {
+    using V = Vec<F>;
+    constexpr int64_t W = V::size();
+    V s0(F(0)), s1(F(0)), s2(F(0)), s3(F(0));
+    int64_t i = 0;
+    for (; i + 4 * W <= n; i += 4 * W) {
+      s0 = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), s0);
+      s1 = at::vec::fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
+      s2 = at::vec::fmadd(V::loadu(a + i + 2 * W), V::loadu(b + i + 2 * W), s2);
+      s3 = at::vec::fmadd(V::loadu(a + i + 3 * W), V::loadu(b + i + 3 * W), s3);
+    }
+    F lanes[W];
+    ((s0 + s1) + (s2 + s3)).store(lanes);
+    for (int64_t l = 0; l < W; ++l) acc += lanes[l];
+    a += i;
+    b += i;
+    n -= i;
+  }
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i] * b[i];
+  return acc;
+}
+
+template <typename F>
+inline F sum(const F* a, int64_t n) {
+  F acc = 0;
+#pragma omp simd reduction(+ : acc)
+  for (int64_t i = 0; i < n; ++i) acc += a[i];
+  return acc;
+}
+
+// max(init, a[0], ..., a[n-1]), vectorised (std::max in a loop is not: its NaN rule).
+template <typename F>
+inline F max_of(const F* a, int64_t n, F init) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  V m(init);
+  int64_t i = 0;
+  for (; i + W <= n; i += W) m = at::vec::maximum(m, V::loadu(a + i));
+  F lanes[W];
+  m.store(lanes);
+  F out = init;
+  for (int64_t l = 0; l < W; ++l) out = lanes[l] > out ? lanes[l] : out;
+  for (; i < n; ++i) out = a[i] > out ? a[i] : out;
+  return out;
+}
+
+template <typename F>
+inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
+
+// Elementwise maps over n values with ATen's vector type (SLEEF's exp, log and tanh, as torch's
+// own CPU kernels use), so that the transcendental functions of a step vectorise too.
+
+template <typename F>
+inline Vec<F> vsigmoid(Vec<F> x) { return (Vec<F>(F(1)) + x.neg().exp()).reciprocal(); }
+
+template <typename F, typename Op>
+inline void map1(F* out, const F* a, int64_t n, const Op& op) { at::vec::map(op, out, a, n); }
+
+// y[i] (+)= sum_j x[j] a[j][i] for a [rows, n] row-major: a memory's rows combined (cosine
+// numerators, gradients of weightings). Four vector registers of y at a time stay in registers
+// over all rows, instead of a load and store of y per row.
+template <typename F>
+void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool accumulate) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  int64_t i = 0;
+  for (; i + 4 * W <= n; i += 4 * W) {
+    V y0 = accumulate ? V::loadu(y + i) : V(F(0));
+    V y1 = accumulate ? V::loadu(y + i + W) : V(F(0));
+    V y2 = accumulate ? V::loadu(y + i + 2 * W) : V(F(0));
+    V y3 = accumulate ? V::loadu(y + i + 3 * W) : V(F(0));
+    for (int64_t j = 0; j < rows; ++j) {
+      const V xj(x[j]);
+      const F* r = a + j * n + i;
+      y0 = at::vec::fmadd(xj, V::loadu(r), y0);
+      y1 = at::vec::fmadd(xj, V::loadu(r + W), y1);
+      y2 = at::vec::fmadd(xj, V::loadu(r + 2 * W), y2);
+      y3 = at::vec::fmadd(xj, V::loadu(r + 3 * W), y3);
+    }
+    y0.store(y + i);
+    y1.store(y + i + W);
+    y2.store(y + i + 2 * W);
+    y3.store(y + i + 3 * W);
+  }
+  for (; i < n; ++i) {
+    F acc = accumulate ? y[i] : F(0);
+    for (int64_t j = 0; j < rows; ++j) acc += x[j] * a[j * n + i];
+    y[i] = acc;
+  }
+}
+
+// F.softplus (threshold 20) and its derivative.
+template <typename F>
+inline F softplus(F x) { return x > F(20) ? x : std::log1p(std::exp(x)); }
+template <typename F>
+inline F softplus_grad(F x) { return x > F(20) ? F(1) : sigmoid(x); }
+
+// Row-major out[m, n] = A[m, k] B[k, n] + beta out, with A given as [k, m] if ta and B as [n, k]
+// if tb: BLAS's gemm where torch exports it (its MKL), else a plain loop.
+
+template <typename F>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F* b, F beta,
+          F* out) {
+  const int im = m, in = n, ik = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+  const F one = 1;
+  // Column-major BLAS: out^T [n, m] = op(B)^T op(A)^T.
+  const char* opa = ta ? "T" : "N";
+  const char* opb = tb ? "T" : "N";
+  if constexpr (std::is_same_v<F, float>) {
+    if (sgemm_) return sgemm_(opb, opa, &in, &im, &ik, &one, b, &ldb, a, &lda, &beta, out, &ldc);
+  } else {
+    if (dgemm_) return dgemm_(opb, opa, &in, &im, &ik, &one, b, &ldb, a, &lda, &beta, out, &ldc);
+  }
+  // No BLAS exported: the plain loop (`has_blas` tells Python, which logs it once).
+  for (int64_t i = 0; i < m; ++i) {
+    for (int64_t j = 0; j < n; ++j) {
+      F acc = 0;
+      for (int64_t q = 0; q < k; ++q) {
+        acc += (ta ? a[q * m + i] : a[i * k + q]) * (tb ? b[j * k + q] : b[q * n + j]);
+      }
+      out[i * n + j] = beta == F(0) ? acc : beta * out[i * n + j] + acc;  // as BLAS: 0 * NaN
+    }
+  }
+}
+
+// Rows [0, rows) of out [rows, width] set to the row `vec` [width].
+template <typename F>
+void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
+  for (int64_t r = 0; r < rows; ++r) std::copy(vec, vec + width, out + r * width);
+}
+
+// Whether `gemm` runs torch's BLAS (false: the plain loop, much slower).
+inline bool has_blas() { return sgemm_ != nullptr && dgemm_ != nullptr; }
+
+// ------------------------------------------------------------------------------------------------
+// The LSTM controller's cell on a batch (`nn.LSTMCell`, gates reordered (i, f, o, g) by the Python
+// side so that the three sigmoids are one run).
+// ------------------------------------------------------------------------------------------------
+
+// gates [B, 4C]: the pre-activations in, the activated gates out (kept for the backward);
+// c_prev, c_new, h_new [B, C].
+template <typename F>
+void lstm_gates(F* gates, const F* c_prev, F* c_new, F* h_new, int64_t B, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    F* g = gates + b * 4 * C;
+    map1(g, g, 3 * C, vsigmoid<F>);
+    map1(g + 3 * C, g + 3 * C, C, [](Vec<F> x) { return x.tanh(); });
+    const F* cpb = c_prev + b * C;
+    F* cnb = c_new + b * C;
+    F* hnb = h_new + b * C;
+#pragma omp simd
+    for (int64_t u = 0; u < C; ++u) cnb[u] = g[C + u] * cpb[u] + g[u] * g[3 * C + u];
+    map1(hnb, cnb, C, [](Vec<F> x) { return x.tanh(); });
+#pragma omp simd
+    for (int64_t u = 0; u < C; ++u) hnb[u] *= g[2 * C + u];
+  }
+}
+
+// `lstm_gates` backward: from dh [B, C] (the gradient of h_new) and dc [B, C] (that of c_new,
+// replaced in place by that of c_prev), the gradient of the gates' pre-activations dgates [B, 4C].
+// gates: the activated gates `lstm_gates` kept; tc [C]: scratch.
+template <typename F>
+void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const F* dh, F* dc,
+                         F* dgates, F* tc, int64_t B, int64_t C) {
+  for (int64_t b = 0; b < B; ++b) {
+    const F* gt = gates + b * 4 * C;
+    F* dg = dgates + b * 4 * C;
+    map1(tc, c_new + b * C, C, [](Vec<F> x) { return x.tanh(); });
+    const F* cpb = c_prev + b * C;
+    const F* dhb = dh + b * C;
+    F* dcb = dc + b * C;
+#pragma omp simd
+    for (int64_t u = 0; u < C; ++u) {
+      const F i = gt[u], f = gt[C + u], o = gt[2 * C + u], gg = gt[3 * C + u];
+      const F d = dhb[u];
+      const F dcu = dcb[u] + d * o * (F(1) - tc[u] * tc[u]);
+      dg[u] = dcu * gg * i * (F(1) - i);
+      dg[C + u] = dcu * cpb[u] * f * (F(1) - f);
+      dg[2 * C + u] = d * tc[u] * o * (F(1) - o);
+      dg[3 * C + u] = dcu * i * (F(1) - gg * gg);
+      dcb[u] = dcu * f;
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The C entry points: run(...) with no exception crossing into C, its message kept for Python.
+// ------------------------------------------------------------------------------------------------
+
+// The message of the last failed call (read by Python through `torch_ntm_last_error`).
+inline char* last_error() {
+  static thread_local char message[512] = "";
+  return message;
+}
+
+// 0 after run(), or 1 with the exception's message in `last_error`.
+template <typename Run>
+int guarded(const Run& run) {
+  try {
+    run();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(last_error(), 512, "%s", e.what());
+  } catch (...) {
+    std::snprintf(last_error(), 512, "unknown C++ exception");
+  }
+  return 1;
+}
+
+}  // namespace torch_ntm

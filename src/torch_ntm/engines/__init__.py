@@ -1,0 +1,1 @@
+"""How the models compute a sequence: the engines, behind one interface."""
