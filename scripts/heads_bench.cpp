@@ -21,14 +21,13 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 
 }  // namespace
 
-// The heads of the model whose static sizes the library's call would get (native.py's `_sizes`,
-// the layout of its head parameters included; reals: beta_cap, gamma_cap, tiny) over its T steps
-// of B sequences, with every step's state kept as training keeps it. out[0], out[1]: the least
-// over `repeats` of the forward's and the backward's nanoseconds per sequence and step.
-extern "C" int heads_bench(const int64_t* sizes, const double* reals, int64_t repeats,
-                           double* out) {
-  const Cfg c = torch_ntm::config(sizes, reals);
-  const int64_t T = sizes[0], B = c.B, N = c.N;
+// The heads of the model whose static sizes the library's call would get (engines/ntm.py's
+// `_description`, the layout of its head parameters included) over its T steps of B sequences,
+// with every step's state kept as training keeps it. out[0], out[1]: the least over `repeats` of
+// the forward's and the backward's nanoseconds per sequence and step.
+extern "C" int heads_bench(const torch_ntm::NTMCall* d, int64_t repeats, double* out) {
+  const Cfg c = torch_ntm::config(*d);
+  const int64_t T = d->steps, B = c.B, N = c.N;
   const int64_t M = c.M, MN = M * N, P = c.P;
   std::mt19937 gen(0);
   std::normal_distribution<F> normal(0, 0.5f);

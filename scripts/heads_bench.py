@@ -6,8 +6,8 @@
 Builds ``heads_bench.cpp`` (beside this script; it includes ``csrc/kernels.cpp`` with the
 library's own compiler flags) and times the heads of `NTM(9, 9, memory_size=N)`, the paper's copy
 model (one read and one write head, memory N x 20, three shifts; the sizes and head layout the
-library's call would get, from `torch_ntm.native`): one step's addressing, erase and add and read
-over 41 steps of B sequences, with random head parameters, the state of every step kept as
+library's call would get, from `torch_ntm.engines.ntm`): one step's addressing, erase and add and
+read over 41 steps of B sequences, with random head parameters, the state of every step kept as
 training keeps it, then the same steps backward. Prints the least over ``--repeats`` of the
 nanoseconds per sequence and step, and the megabytes the forward keeps for the backward (each
 step's memory and the heads' cosine similarities). One thread, no controller, no Python: where
@@ -21,17 +21,19 @@ from pathlib import Path
 import torch
 from torch.utils import cpp_extension
 
-from torch_ntm import NTM, fast, native
+from torch_ntm import NTM
+from torch_ntm.engines import library
+from torch_ntm.engines import ntm as native
 
 
 def build() -> ctypes.CDLL:
     path = cpp_extension.load(
         name="torch_ntm_heads_bench", sources=[str(Path(__file__).with_name("heads_bench.cpp"))],
-        extra_cflags=native._flags(), extra_include_paths=[str(native._CSRC)],
+        extra_cflags=library._flags(),
+        extra_include_paths=[str(library._CSRC), str(library._generated(library.header()))],
         is_python_module=False, verbose=False)
     lib = ctypes.CDLL(path)
-    lib.heads_bench.argtypes = [ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
-                                ctypes.POINTER(ctypes.c_double)]
+    lib.heads_bench.argtypes = [ctypes.c_void_p, ctypes.c_int64, ctypes.POINTER(ctypes.c_double)]
     lib.heads_bench.restype = ctypes.c_int
     return lib
 
@@ -39,13 +41,12 @@ def build() -> ctypes.CDLL:
 def time_heads(lib: ctypes.CDLL, rows: int, batch: int, steps: int, repeats: int):
     """(forward ns, backward ns, kept MB): the sizes from the library's own description."""
     model = NTM(9, 9, memory_size=rows)
-    cfg = fast._layout(model, torch.device("cpu"), False).cfg
+    cfg = native._plan(model, torch.device("cpu")).cfg
     like = torch.empty(0)
-    sizes = native._sizes(cfg, steps, native._buffers(cfg, steps, batch, rows, like, True), True)
-    sizes_c = (ctypes.c_int64 * len(sizes))(*sizes)
-    reals_c = (ctypes.c_double * 3)(cfg.beta_cap, cfg.gamma_cap, torch.finfo(torch.float32).tiny)
+    buffers = native._buffers(cfg, steps, batch, rows, like, True)
+    description = native._description(cfg, torch.finfo(torch.float32).tiny, buffers, True)
     out = (ctypes.c_double * 2)()
-    lib.heads_bench(sizes_c, reals_c, repeats, out)
+    lib.heads_bench(ctypes.byref(description), repeats, out)
     heads = cfg.read_heads + cfg.write_heads
     kept = steps * batch * (rows * cfg.width + heads * rows) * 4 / 1e6
     return out[0], out[1], kept

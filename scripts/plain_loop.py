@@ -183,7 +183,7 @@ def main() -> None:
     p.add_argument("--clip-spikes", type=float, default=2.0, metavar="FACTOR",
                    help="clip at FACTOR times the median recent norm too (SpikeClip)")
     p.add_argument("--batch-size", type=int, default=16)
-    p.add_argument("--engine", default="compiled")
+    p.add_argument("--engine", default="auto")
     p.add_argument("--model-set", action="append", default=[], metavar="KEY=VALUE")
     p.add_argument("--eval-every", type=int, default=100)
     p.add_argument("--log-every", type=int, default=50)
@@ -206,11 +206,12 @@ def main() -> None:
     if args.lr is None:
         args.lr = resolve_config(args.task, "ntm-lstm").lr
     torch.set_num_threads(args.threads)
-    if args.cosine_eps is not None:  # ablation: the cosine similarity's epsilon, every engine
-        import torch_ntm.fast
+    if args.cosine_eps is not None:  # ablation: the cosine similarity's epsilon
         import torch_ntm.functional
 
-        torch_ntm.functional.EPS = torch_ntm.fast.EPS = args.cosine_eps
+        if args.engine != "eager":
+            p.error("--cosine-eps needs --engine eager: the native kernels' epsilon is compiled in")
+        torch_ntm.functional.EPS = args.cosine_eps
     args.out.mkdir(parents=True, exist_ok=True)
     results = []
     for seed in args.seeds:

@@ -20,8 +20,8 @@ import time
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from torch_ntm import native
 from torch_ntm.bench import _Runner
+from torch_ntm.engines import library
 from torch_ntm.tasks import CopyTask
 
 
@@ -70,7 +70,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5)
     args = parser.parse_args()
     torch.set_num_threads(1)
-    native.keep_freed_memory()  # as `ntm` commands
+    library.keep_freed_memory()  # as `ntm` commands
     for rows in (int(n) for n in args.memory_size.split(",")):
         for batch in (int(b) for b in args.batch_size.split(",")):
             profile_one(args.engine, batch, rows, args.seq_len, args.steps, args.repeats)

@@ -12,7 +12,7 @@ from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 
 TINY = ["task.max_length=3", "task.width=4", "memory_size=8", "memory_width=4",
-        "controller_size=8", "log_every=2", "eval_sequences=16", "engine=fast"]
+        "controller_size=8", "log_every=2", "eval_sequences=16", "engine=auto"]
 
 
 def tiny_config(*extra, seed=0):

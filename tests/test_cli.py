@@ -9,7 +9,7 @@ from torch_ntm.runlog import read_metrics
 
 TINY = ["--set", "task.max_length=3", "--set", "task.width=4", "--set", "memory_size=8",
         "--set", "memory_width=4", "--set", "controller_size=8", "--set", "eval_sequences=16",
-        "--set", "max_sequences=32", "--set", "eval_every=1", "--set", "engine=fast",
+        "--set", "max_sequences=32", "--set", "eval_every=1", "--set", "engine=auto",
         "--no-progress"]
 
 
@@ -150,8 +150,7 @@ def test_an_absent_device_is_refused_before_a_run_directory_is_made(tmp_path, ca
     (["train", "copy", "--preset", "huge"], "ntm: error: unknown preset 'huge' for task 'copy'"),
     (["evaluate", "/nonexistent/run"], "ntm: error: /nonexistent/run: no such checkpoint"),
     (["train", "copy", "--set", "engine=turbo"],
-     "ntm: error: --set: engine='turbo' is not valid; valid choices: fast, compiled, native, "
-     "eager"),
+     "ntm: error: --set: engine='turbo' is not valid; valid choices: auto, native, eager"),
     (["train", "copy", "--set", "controller=gru"],
      "ntm: error: the model cannot be built from this config: unknown controller 'gru'; valid "
      "choices: feedforward, lstm"),
@@ -220,11 +219,11 @@ def test_an_unknown_option_shows_its_command_usage(capsys):
 
 def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):
     with pytest.raises(SystemExit) as exit:
-        main(["bench", "--engines", "fast,turbo"])
+        main(["bench", "--engines", "native,turbo"])
     assert exit.value.code == 2
     err = capsys.readouterr().err
-    assert ("ntm bench: error: argument --engines: expected comma-separated engines from fast, "
-            "compiled, native, eager, got 'fast,turbo'") in err and "Traceback" not in err
+    assert ("ntm bench: error: argument --engines: expected comma-separated engines from auto, "
+            "native, eager, got 'native,turbo'") in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("command", [["evaluate", "--pretrained", "copy"],
@@ -339,20 +338,48 @@ def test_evaluate_repeats_is_refused_for_other_tasks(trained, capsys):
     assert err.strip() == "ntm: error: --repeats applies to repeat_copy, not copy"
 
 
-def test_the_figures_take_a_trace_made_with_gradients(tmp_path):
+def test_the_figures_take_a_trace_made_with_gradients(tmp_path, monkeypatch):
     """``model.trace(x)`` outside ``no_grad`` (as the README shows it) gave tensors that need
-    a gradient, and each helper failed in ``.numpy()``."""
+    a gradient, and each helper failed in ``.numpy()``. Each figure shows the trace's values."""
+    import matplotlib.image
     import torch
 
     from torch_ntm import NTM, plot
 
+    figures, save = {}, plot._save
+    monkeypatch.setattr(plot, "_save", lambda fig, path: figures.setdefault(path.name, fig)
+                        and save(fig, path))
     x = torch.rand(5, 1, 4)
     logits, _, trace = NTM(4, 3, controller_size=6, memory_size=8, memory_width=4).trace(x)
     assert logits.requires_grad
-    assert plot.plot_attention(trace, tmp_path / "a.png").stat().st_size > 0
-    assert plot.plot_memory(trace, tmp_path / "m.png").stat().st_size > 0
     outputs = torch.sigmoid(logits[:, 0])
-    assert plot.plot_io(x[:, 0], x[:, 0, :3], outputs, torch.ones(5), tmp_path / "io.png").exists()
+    paths = [plot.plot_attention(trace, tmp_path / "a.png"),
+             plot.plot_memory(trace, tmp_path / "m.png"),
+             plot.plot_io(x[:, 0], x[:, 0, :3], outputs, torch.ones(5), tmp_path / "io.png")]
+    for path in paths:  # written, and an image of some content, not a blank canvas
+        assert matplotlib.image.imread(path)[..., :3].std() > 0.05, path
+
+    def images(name):
+        return [im.get_array() for ax in figures[name].axes for im in ax.get_images()]
+
+    def rows_of(shown, table):  # every shown row is one of the table's rows, exactly
+        return all(any((row == r).all() for r in table) for row in shown)
+
+    # attention: each head's weighting over time, the rows the heads visited, write heads first
+    weights = [trace.write_weights[:, 0, 0], trace.read_weights[:, 0, 0]]
+    assert len(images("a.png")) == 2
+    for shown, w in zip(images("a.png"), weights):
+        assert shown.shape[1] == 5 and rows_of(shown, w.detach().numpy().T)
+    # memory: the rows in use after steps 0, 1, 3 and 4
+    memory = trace.memory[:, 0].detach().numpy()
+    titles = [ax.get_title() for ax in figures["m.png"].axes if ax.get_images()]
+    assert titles == [f"memory after step {t}" for t in (0, 1, 3, 4)]
+    for shown, t in zip(images("m.png"), (0, 1, 3, 4)):
+        assert shown.shape[1] == 4 and rows_of(shown, memory[t])
+    # io: the inputs, targets and outputs over time
+    shown = images("io.png")
+    assert (shown[0] == x[:, 0].numpy().T).all() and (shown[1] == x[:, 0, :3].numpy().T).all()
+    assert abs(shown[2] - outputs.detach().numpy().T).max() < 1e-6
 
 
 @pytest.mark.parametrize("heads, grid", [((1, 1), (1, 2)), ((2, 3), (2, 3)), ((0, 5), (1, 5))])

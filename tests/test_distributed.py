@@ -15,7 +15,7 @@ ARGS = ["train", "copy", "--no-plots", "--no-progress", "--set", "task.max_lengt
         "--set", "controller_size=16", "--set", "batch_size=8", "--set", "max_sequences=96",
         "--set", "eval_every=4", "--set", "eval_sequences=16", "--set", "optimizer=adam",
         "--set", "lr=3e-3", "--set", "clip_norm=1", "--set", "log_every=3",
-        "--set", "engine=fast"]
+        "--set", "engine=auto"]
 
 
 def run(cmd, tmp_path):

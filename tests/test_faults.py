@@ -22,7 +22,7 @@ from torch_ntm.train import train
 
 SRC = os.environ.get("FAULTS_SRC") or str(Path(__file__).resolve().parents[1] / "src")
 TINY = ["controller_size=8", "memory_size=8", "memory_width=4", "batch_size=2",
-        "max_sequences=4", "eval_every=1", "eval_sequences=2", "engine=fast",
+        "max_sequences=4", "eval_every=1", "eval_sequences=2", "engine=auto",
         "task.max_length=3", "task.width=4"]
 TINY_SET = [arg for item in TINY for arg in ("--set", item)]
 
@@ -531,7 +531,9 @@ def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(tmp_path, limit):
 
 # -- SIGKILL: at random moments and inside saves, then resume: bit-identical -------------------
 
-KILLED = TINY_SET + ["--set", "log_every=1", "--set", "eval_every=3"]
+# The eager engine: its steps take long enough for a kill to land between two of them (the
+# native engine ran all 24 of this tiny model's steps between two polls of the log).
+KILLED = TINY_SET + ["--set", "log_every=1", "--set", "eval_every=3", "--set", "engine=eager"]
 # The child of the kill-in-a-save test: SIGKILL itself at the K-th os.replace (every file of a
 # checkpoint, and metrics.csv, is written to a temporary name and renamed into place), WHEN
 # "before" (the temporary file is complete, not yet renamed) or "after" the rename.
@@ -634,7 +636,7 @@ def test_sigkill_inside_a_save_then_resume_is_bit_identical(tmp_path, uninterrup
 
 # -- Python API: the wrong dtype or state is a clear ValueError --------------------------------
 
-@pytest.mark.parametrize("engine", ["fast", "eager", "compiled", "native"])
+@pytest.mark.parametrize("engine", ["auto", "eager", "native"])
 @pytest.mark.parametrize("dtype", ["int64", "float16", "bfloat16", "float64"])
 def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
     import torch
@@ -645,7 +647,7 @@ def test_input_of_another_dtype_names_expected_and_actual(engine, dtype):
     x = torch.zeros(3, 2, 5, dtype=getattr(torch, dtype))
     expected = f"expects input of dtype torch.float32 .*got torch.{dtype}; convert with "
     with pytest.raises(ValueError, match=expected) as error:
-        ntm(x)  # the compiled engine would compile first: the check comes before any engine
+        ntm(x)  # the check comes before any engine
     # converting the model is advice only towards another float (not .to(torch.int64))
     assert ("or the model with" in str(error.value)) == (dtype != "int64")
 
@@ -694,7 +696,7 @@ def test_cell_input_of_another_kind_or_shape_names_the_expected_shape(name, give
         cell(x)
 
 
-@pytest.mark.parametrize("engine", ["fast", "eager"])
+@pytest.mark.parametrize("engine", ["auto", "eager"])
 def test_a_state_from_another_controller_names_the_expected_shape(engine):
     import torch
 

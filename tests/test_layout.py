@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from torch_ntm import NTM
-from torch_ntm.fast import _head_permutation
+from torch_ntm.engines.ntm import head_blocks
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout
 
 LAYOUTS = [HeadLayout(1, 1, 20, 3), HeadLayout(2, 3, 5, 5), HeadLayout(3, 0, 4, 1)]
@@ -52,18 +52,37 @@ def test_rows_are_what_activate_reads(layout):
 
 @pytest.mark.parametrize("layout", LAYOUTS, ids=str)
 def test_engine_blocks_are_a_permutation_by_activation(layout):
-    perm, widths = _head_permutation(layout)
-    assert sorted(perm.tolist()) == list(range(layout.size))
-    assert sum(widths) == layout.size
+    blocks = head_blocks(layout)
+    perm = blocks.perm.tolist()
+    assert sorted(perm) == list(range(layout.size)) and blocks.block_end[-1] == layout.size
     activation = {}
     for kind in ("read", "write"):
         for field in layout.fields(kind):
             for row in layout.rows(kind, field):
                 activation[row] = {f.name: f.activation for f in HEAD_FIELDS}[field]
     start = 0
-    for name, width in zip(("tanh", "sigmoid", "softplus", "softmax"), widths):
-        assert {activation[int(r)] for r in perm[start : start + width]} <= {name}
-        start += width
+    for name, end in zip(("tanh", "sigmoid", "softplus", "softmax"), blocks.block_end):
+        assert {activation[r] for r in perm[start:end]} <= {name}
+        start = end
+
+
+@pytest.mark.parametrize("layout", LAYOUTS, ids=str)
+def test_engine_finds_each_field_of_each_head_where_the_layout_has_it(layout):
+    """The kernels read field f of head h at field_start + h * field_width of the permuted
+    rows (`NTMCall`): those are the rows `HeadLayout.rows` names, head by head."""
+    blocks = head_blocks(layout)
+    perm = blocks.perm.tolist()
+    for f, field in enumerate(HEAD_FIELDS):
+        width = blocks.field_width[f]
+        for k, kind in enumerate(("write", "read")):
+            start = blocks.field_start[2 * f + k]
+            if field.name not in layout.fields(kind) or not layout.heads(kind):
+                assert start == -1
+                continue
+            assert width == layout.fields(kind)[field.name]
+            found = [perm[start + h * width + i] for h in range(layout.heads(kind))
+                     for i in range(width)]
+            assert found == layout.rows(kind, field.name), (kind, field.name)
 
 
 def test_model_sizes_its_head_layer_from_the_layout():
@@ -79,9 +98,10 @@ def test_unknown_head_kind_is_named():
 
 def _package_imports() -> dict[str, set[str]]:
     """Module -> the package's modules it imports anywhere (functions included), except under
-    ``if TYPE_CHECKING``."""
+    ``if TYPE_CHECKING``; the modules of the ``engines`` package count as one."""
     graph = {}
-    for path in Path(__file__).parents[1].joinpath("src", "torch_ntm").glob("*.py"):
+    src = Path(__file__).parents[1].joinpath("src", "torch_ntm")
+    for path in [*src.glob("*.py"), *src.glob("engines/*.py")]:
         deps: set[str] = set()
 
         class Visitor(ast.NodeVisitor):
@@ -102,13 +122,14 @@ def _package_imports() -> dict[str, set[str]]:
                             if a.name.startswith("torch_ntm."))
 
         Visitor().visit(ast.parse(path.read_text()))
-        graph[path.stem] = deps - {path.stem}
+        name = "engines" if path.parent.name == "engines" else path.stem
+        graph[name] = (graph.get(name, set()) | deps) - {name}
     return graph
 
 
 def test_no_import_circle():
     graph = _package_imports()
-    assert "fast" in graph["model"] and "model" not in graph["fast"]
+    assert "engines" in graph["model"] and "model" not in graph["engines"]
     done, active = set(), []
 
     def visit(module):

@@ -475,12 +475,12 @@ def test_the_state_detaches_and_maps_as_the_ntms_does():
     torch.testing.assert_close(second, mann(x)[0][T:], **TOL)
 
 
-def test_torch_func_grad_and_vmap_run_on_the_compiled_engine():
-    """torch.func refused the compiled engine (it marks its state as needing gradients); under
-    torch.func's transforms the eager loop runs."""
+def test_torch_func_grad_and_vmap_run_on_the_default_engine():
+    """Under torch.func's transforms the eager loop runs (the native engine's backward is one
+    C++ call, which they cannot see through)."""
     from torch.func import functional_call, grad, vmap
 
-    mann = build(engine="compiled")
+    mann = build(engine="auto")
     x = inputs()
     params = {k: p.detach() for k, p in mann.named_parameters()}
 
@@ -498,54 +498,14 @@ def test_torch_func_grad_and_vmap_run_on_the_compiled_engine():
         torch.testing.assert_close(per_sample[name][0], p.grad, **TOL, msg=name)
 
 
-def test_compiled_engine_agrees_with_the_eager_loop(monkeypatch):
-    """Values, final state and the gradients of every parameter and of a given state, over
-    chunks of 4 steps and a remainder of 2, in float64 (one configuration: each compiles
-    several graphs, ~1 minute)."""
-    from torch._dynamo.utils import counters
-
-    import torch_ntm.mann as mann_module
-
-    monkeypatch.setattr(mann_module, "COMPILED_CHUNK", 4)
-    torch._dynamo.reset()  # graphs from earlier tests would not count below
-    counters.clear()
-    cfg = CONFIGS[2]  # add vectors, learned key strength, usage decay 0.5
-    eager, compiled = build(**cfg), build(engine="compiled", **cfg)
-    assert compiled.state_dict().keys() == eager.state_dict().keys()
-    x = inputs((6, B, IN))
-    start = eager(inputs((3, B, IN), seed=4))[1]  # a state with memory, usage and reads
-    results = []
-    for mann in (eager, compiled):
-        given = MANNState(*(tuple(t.detach().clone().requires_grad_() for t in f)
-                            if isinstance(f, tuple) else f.detach().clone().requires_grad_()
-                            for f in start))
-        for state in (None, given):
-            y, final = mann(x, state)
-            loss = y.square().sum() + final.memory.sum() + final.reads.sum()
-            leaves = list(mann.parameters()) + ([*given.controller, given.memory, given.reads,
-                                                  given.read_weights] if state else [])
-            # with a given state, the learned initial (h, c) is unused: its gradient is None
-            results.append((y, final, torch.autograd.grad(loss, leaves, allow_unused=True)))
-    # compiled, not a silent fallback to the eager loop (a graph break, the recompile limit)
-    assert counters["stats"]["unique_graphs"] >= 2 and not counters["graph_break"]
-    for (y, state, grads), (y_c, state_c, grads_c) in zip(results[:2], results[2:]):
-        torch.testing.assert_close(y_c, y, **TOL)
-        assert_states_close(state_c, state, **TOL)
-        assert [g is None for g in grads_c] == [g is None for g in grads]
-        for g, g_c in zip(grads, grads_c, strict=True):
-            if g is not None:
-                torch.testing.assert_close(g_c, g, **TOL)
-
-
-def test_compiled_engine_runs_the_eager_loop_without_gradients():
-    eager, compiled = build(), build(engine="compiled")
-    x = inputs()
-    with torch.no_grad():  # bitwise the eager loop: no graph compiled, nothing reassociated
-        assert torch.equal(compiled(x)[0], eager(x)[0])
-    assert "engine='compiled'" in repr(compiled) and "engine" not in compiled.config()
-    with pytest.raises(ValueError, match="unknown engine 'native'; valid choices: compiled, "
+def test_engine_names_and_the_default():
+    mann = build()
+    assert mann.engine == "auto" and "engine" not in repr(mann) and "engine" not in mann.config()
+    assert "engine='eager'" in repr(build(engine="eager"))
+    assert build(engine="compiled").engine == "auto"  # a name of an earlier version
+    with pytest.raises(ValueError, match="unknown engine 'turbo'; valid choices: auto, native, "
                                          "eager"):
-        compiled.engine = "native"
+        mann.engine = "turbo"
 
 
 def test_batch_first_equals_time_major_transposed():

@@ -19,10 +19,8 @@ from torch_ntm.tasks import TASKS, make_task
 from torch_ntm.train import _score, train
 
 # Small models and few episodes, so that each training takes a second or two.
-# engine=eager: the MANN preset's compiled engine compiles for a minute or more per size on a
-# cold cache; tests/test_lrua.py checks it against the eager loop.
 TINY = ["memory_size=16", "memory_width=8", "controller_size=16", "max_sequences=32",
-        "batch_size=8", "eval_every=2", "eval_sequences=32", "log_every=2", "engine=eager"]
+        "batch_size=8", "eval_every=2", "eval_sequences=32", "log_every=2"]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -108,7 +106,7 @@ def test_registered_with_typed_parameters():
     assert (model.controller_size, model.memory_size, model.memory_width,
             model.read_heads) == (200, 128, 40, 4)
     assert model.learned_beta  # the preset's one departure from the paper (docs/results.md)
-    assert model.engine == "compiled"
+    assert model.engine == "auto"
 
 
 @pytest.mark.parametrize("preset, kind", [("mann", "MANN"), ("mann-ntm", "NTM"),
@@ -118,7 +116,7 @@ def test_presets_build_their_models(preset, kind):
     model = build_model(config, build_task(config))
     assert type(model).__name__ == kind
     x = config.task_params.sample(2, torch.Generator().manual_seed(0)).inputs
-    with torch.no_grad():  # the MANN's compiled engine compiles only when training
+    with torch.no_grad():
         assert model(x[:3])[0].shape == (3, 2, 3)
 
 
@@ -127,8 +125,7 @@ def test_presets_build_their_models(preset, kind):
     (["task.labels=words"], "unknown labels 'words'; valid labels: one_hot, string"),
     (["task.classes=100"], "held-out data .* cannot be drawn: .*classes=100 is more than the 63"),
     (["model=gru"], "model='gru' is not valid; valid choices: ntm, lstm, mann"),
-    (["engine=fast"], "engine='fast' does not apply to model='mann', which has the engines "
-                      "eager, compiled; set engine=compiled"),
+    (["engine=turbo"], "engine='turbo' is not valid; valid choices: auto, native, eager"),
     (["write_vector=value"], "unknown write_vector 'value'; valid choices: add, key"),
     (["read_heads=20", "memory_size=16"], "memory_size must be >= read_heads"),
 ])
@@ -148,10 +145,9 @@ def _one_line_error(capsys, argv, message):
 
 
 @pytest.mark.parametrize("preset", ["mann", "mann-ntm", "lstm"])
-def test_train_evaluate_plot(tmp_path, capsys, preset):
+def test_train_evaluate_plot(tmp_path, capsys, preset, monkeypatch):
     run = tmp_path / preset
-    extra = ["engine=fast"] if preset != "mann" else []
-    sets = [arg for kv in (*TINY, *extra) for arg in ("--set", kv)]
+    sets = [arg for kv in TINY for arg in ("--set", kv)]
     assert main(["train", "omniglot", "--preset", preset, *sets,
                  "--out", str(run), "--no-progress", "--no-plots"]) == 0
     out = capsys.readouterr().out
@@ -169,11 +165,26 @@ def test_train_evaluate_plot(tmp_path, capsys, preset):
     assert report["sequences"] == (1000 if preset == "mann" else 100)
     assert report["split"] == "test"
 
+    from torch_ntm import plot
+
+    figures, save = {}, plot._save
+    monkeypatch.setattr(plot, "_save", lambda fig, path: figures.setdefault(path.name, fig)
+                        and save(fig, path))
     assert main(["plot", str(run)]) == 0
     listed = capsys.readouterr().out.split()
     assert str(run / "figures" / "accuracy.png") in listed
     assert str(run / "figures" / "learning_curve.png") in listed
-    assert (run / "figures" / "accuracy.png").stat().st_size > 0
+    # The accuracy figure: one point per instance, the held-out episodes `ntm evaluate` scores
+    # by default (1,000 of the test split), so the mann run's line is its report's figures.
+    (line,) = figures["accuracy.png"].axes[0].get_lines()
+    assert list(line.get_xdata()) == list(range(1, 11))
+    assert figures["accuracy.png"].axes[0].get_title() == "1000 held-out episodes"
+    if preset == "mann":
+        assert list(line.get_ydata()) == pytest.approx(list(accuracy.values()), abs=1e-12)
+    assert all(0 <= y <= 1 for y in line.get_ydata())
+    import matplotlib.image
+
+    assert matplotlib.image.imread(run / "figures" / "accuracy.png").shape[:2] == (440, 660)
 
 
 def test_command_line_errors_are_one_line(tmp_path, capsys):

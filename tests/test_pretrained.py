@@ -15,7 +15,7 @@ from torch_ntm.train import train, validation_batches
 
 TINY = ["task.max_length=3", "task.width=4", "memory_size=8", "memory_width=4",
         "controller_size=8", "max_sequences=32", "eval_every=2", "eval_sequences=16",
-        "engine=fast"]
+        "engine=auto"]
 
 
 @pytest.fixture(scope="module")

@@ -232,7 +232,7 @@ def test_training_with_spike_clipping_resumes_exactly(tmp_path):
     def config(steps):
         return resolve_config("copy", overrides=[
             "controller_size=8", "memory_size=8", "memory_width=4", "task.max_length=3",
-            "task.width=3", "engine=fast", "optimizer=adam", "lr=0.01", "clip_norm=10",
+            "task.width=3", "engine=auto", "optimizer=adam", "lr=0.01", "clip_norm=10",
             "clip_spikes=1.0", "batch_size=2", f"max_sequences={2 * steps}", "eval_every=12",
             "eval_sequences=4", "log_every=4", "eval_sizes=", "stop_bit_errors=-1",
             "rollback_bit_errors=-1"])

@@ -183,7 +183,7 @@ def test_markdown_report_of_a_grid(runs):
 
 
 TINY = ["--set", "task.max_length=2", "--set", "task.width=3", "--set", "memory_size=8",
-        "--set", "memory_width=4", "--set", "controller_size=8", "--set", "engine=fast",
+        "--set", "memory_width=4", "--set", "controller_size=8", "--set", "engine=auto",
         "--set", "eval_every=5", "--set", "eval_sequences=16"]
 
 

@@ -1,12 +1,21 @@
-"""torch-ntm: Neural Turing Machines for PyTorch (Graves, Wayne & Danihelka 2014)."""
+"""torch-ntm: Neural Turing Machines for PyTorch (Graves, Wayne & Danihelka 2014).
 
-from torch_ntm import (
-    functional,
-    pretrained,  # noqa: E402 (needs the modules above)
-)
+Importing the package loads the modules and their engines only; the shipped models
+(`torch_ntm.pretrained`), the training harness and the command line load when first used.
+"""
+
+import importlib
+
+from torch_ntm import functional
 from torch_ntm.mann import MANN, MANNCell, MANNState
 from torch_ntm.model import NTM, NTMCell, NTMState, NTMTrace
 
 __all__ = ["MANN", "MANNCell", "MANNState", "NTM", "NTMCell", "NTMState", "NTMTrace",
            "functional", "pretrained"]
 __version__ = "0.1.0"
+
+
+def __getattr__(name: str):
+    if name == "pretrained":  # loads checkpoints, configs and tasks: only when asked for
+        return importlib.import_module("torch_ntm.pretrained")
+    raise AttributeError(f"module 'torch_ntm' has no attribute {name!r}")

@@ -4,11 +4,10 @@ The training step is the one `ntm train` takes: a batch of the copy task (`torch
 at a fixed length L, ``T = 2L + 1`` steps), ``model(x)`` on the engine measured, the task's loss
 (`torch_ntm.metrics.masked_bce`, averaged over the batch), backward, gradient-norm clipping and
 an RMSProp step. Inference is ``model(x)`` under `torch.no_grad` in eval mode, as `ntm evaluate`
-runs it (there, the "compiled" engine runs its steps uncompiled: compilation pays only in
-training). Engines are measured interleaved (one repeat of each in turn) and reported as medians,
+runs it. Engines are measured interleaved (one repeat of each in turn) and reported as medians,
 so that load from other processes affects them alike; compare engines by their ratio, not across
-runs. Warm-up (including any compilation) is excluded from the timings and reported separately as
-``compile_s``.
+runs. Warm-up (including the native library's build, the first time on a machine) is excluded
+from the timings and reported separately as ``warmup_s``.
 
 Example::
 
@@ -24,6 +23,7 @@ from contextlib import nullcontext
 
 import torch
 
+from torch_ntm import engines as _engines
 from torch_ntm.evaluate import task_objective
 from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES, NTM
@@ -31,16 +31,8 @@ from torch_ntm.tasks import CopyTask
 
 __all__ = ["run_bench", "format_table", "DEFAULT_ENGINES"]
 
-# Measured unless asked otherwise: what training runs by default, the engine it ran before, and
-# the plain loop.
-DEFAULT_ENGINES = ("native", "compiled", "eager")
-
-
-def _compiled_graphs() -> int:
-    """How many graphs torch.compile has built in this process so far."""
-    from torch._dynamo.utils import counters
-
-    return counters["stats"]["unique_graphs"]
+# Measured unless asked otherwise: what a model runs by default, and the plain loop.
+DEFAULT_ENGINES = ("auto", "eager")
 
 
 def _sync(device: torch.device) -> None:
@@ -48,7 +40,7 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _model(task, memory_size: int, engine: str = "fast", device="cpu") -> NTM:
+def _model(task, memory_size: int, engine: str = "auto", device="cpu") -> NTM:
     """The bench's model: the paper's copy NTM with ``memory_size`` rows."""
     return NTM(task.input_size, task.output_size, memory_size=memory_size, engine=engine,
                device=device)
@@ -127,17 +119,17 @@ def run_bench(
         memory_sizes: memory rows N to measure (memory width 20, the paper's copy model).
         steps: timed calls per repeat (training steps, and inference passes).
         device: where the model and data live.
-        engines: any of `torch_ntm.model.ENGINES` (``"native"``, ``"compiled"``, ``"fast"``,
-            ``"eager"``).
+        engines: any of `torch_ntm.engines.ENGINES` (``"auto"``, ``"native"``, ``"eager"``).
         threads: ``torch.set_num_threads`` for the run (restored after); None keeps the current.
         repeats: interleaved repeats; the reported figures are medians over them.
         seed: seed of the parameters and of the data.
 
     Returns:
         One dict per (memory size, batch size, engine) with keys ``engine, device, batch_size,
-        seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``compile_s`` (warm-up
-        time beyond a steady-state step, i.e. compilation), ``threads``, ``steps`` and
-        ``graphs_compiled_while_timing`` (0 unless something recompiled after warm-up).
+        seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``runs_as`` (the
+        engine that served the calls: ``"auto"`` runs as ``"native"`` or ``"eager"``),
+        ``warmup_s`` (warm-up time beyond two steady-state steps: the library's build, first
+        allocations), ``threads`` and ``steps``.
     """
     device = torch.device(device)
     for engine in engines:
@@ -155,18 +147,16 @@ def run_bench(
                 runners = {e: _Runner(e, n, batch, task, device, seed) for e in engines}
                 warmup = {}
                 for p, r in runners.items():
-                    # The first calls compile (if the engine compiles); the third is steady state.
+                    # The first calls may build the native library; the third is steady state.
                     t_train = r.time(r.train_step, 1) + r.time(r.train_step, 1)
                     t_infer = r.time(r.infer_step, 1) + r.time(r.infer_step, 1)
                     warmup[p] = (t_train, t_infer)
-                graphs_before = _compiled_graphs()
                 train = {p: [] for p in engines}
                 infer = {p: [] for p in engines}
                 for _ in range(repeats):
                     for p, r in runners.items():
                         train[p].append(r.time(r.train_step, steps))
                         infer[p].append(r.time(r.infer_step, steps))
-                new_graphs = _compiled_graphs() - graphs_before  # should be 0: no recompiles
                 for p in engines:
                     t_train, t_infer = statistics.median(train[p]), statistics.median(infer[p])
                     w_train, w_infer = warmup[p]
@@ -179,10 +169,10 @@ def run_bench(
                             "memory_size": n,
                             "train_seq_per_s": b / t_train,
                             "infer_seq_per_s": b / t_infer,
-                            "compile_s": max(0.0, w_train - 2 * t_train)
+                            "runs_as": _engines.choose(runners[p].model, batch[0].to(device)),
+                            "warmup_s": max(0.0, w_train - 2 * t_train)
                             + max(0.0, w_infer - 2 * t_infer),
                             "threads": torch.get_num_threads(),
-                            "graphs_compiled_while_timing": new_graphs,
                             "steps": steps,
                         }
                     )
@@ -196,15 +186,16 @@ def format_table(records: list[dict]) -> str:
     were measured."""
     header = (
         f"{'engine':<15} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
-        f"{'train seq/s':>11} {'infer seq/s':>11} {'compile s':>9}"
+        f"{'train seq/s':>11} {'infer seq/s':>11} {'warm-up s':>9}"
     )
     lines = [header, "-" * len(header)]
     by_key = {}
     for r in records:
+        name = r["engine"] if r["engine"] == r["runs_as"] else f"{r['engine']} ({r['runs_as']})"
         lines.append(
-            f"{r['engine']:<15} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
+            f"{name:<15} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
             f"{r['memory_size']:>5} {r['train_seq_per_s']:>11.1f} {r['infer_seq_per_s']:>11.1f} "
-            f"{r.get('compile_s', 0.0):>9.1f}"
+            f"{r['warmup_s']:>9.1f}"
         )
         key = (r["device"], r["batch_size"], r["seq_len"], r["memory_size"])
         by_key.setdefault(key, {})[r["engine"]] = r

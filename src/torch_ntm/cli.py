@@ -143,7 +143,8 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="training and inference throughput of each engine")
     p.add_argument("--engines", type=_engine_list, default=None, metavar="E1,E2,...",
-                   help="engines to measure (default native,compiled,eager)")
+                   help="engines to measure (default auto,eager: what a model runs by default, "
+                   "and the plain loop)")
     p.add_argument("--batch-size", type=_int_list, default=None, metavar="B1,B2,...")
     p.add_argument("--seq-len", type=int, default=20)
     p.add_argument("--memory-size", type=_int_list, default=None, metavar="N1,N2,...")
@@ -562,7 +563,7 @@ _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
 def main(argv: list[str] | None = None) -> int:
     from torch_ntm.checkpoint import CheckpointError
     from torch_ntm.config import ConfigError
-    from torch_ntm.native import keep_freed_memory
+    from torch_ntm.engines.library import keep_freed_memory
     from torch_ntm.train import Interrupted
 
     parser = _parser()

@@ -14,9 +14,9 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from torch_ntm.mann import ENGINES as MANN_ENGINES
+from torch_ntm.engines import ENGINES, LEGACY_ENGINES
 from torch_ntm.mann import MANNOptions
-from torch_ntm.model import ENGINES, NTMOptions
+from torch_ntm.model import NTMOptions
 from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
@@ -56,10 +56,9 @@ class TrainConfig(NTMOptions):
     model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline) or "mann"
     max_beta: float = 0.0
     max_gamma: float = 0.0
-    # NTM.forward's engine: "native", "compiled", "fast" or "eager" (same function; "native" runs
-    # as "compiled" on a GPU). A MANN has "compiled" and "eager" (`torch_ntm.mann.ENGINES`); the
-    # LSTM baseline ignores it.
-    engine: str = "native"
+    # The model's engine (`torch_ntm.engines`): "auto" (the fastest that can serve the call),
+    # "native" or "eager"; the same function on each. The LSTM baseline ignores it.
+    engine: str = "auto"
     # MANN only (the fields of `MANNOptions` that `NTMOptions` lacks; see `torch_ntm.mann.MANN`).
     usage_decay: float = MANNOptions.usage_decay
     write_vector: str = MANNOptions.write_vector
@@ -240,6 +239,8 @@ class TrainConfig(NTMOptions):
                 f"{source}: unknown key(s) {', '.join(unknown)}; "
                 f"valid keys: {', '.join(sorted(valid))}"
             )
+        if data.get("engine") in LEGACY_ENGINES:  # a config of an earlier version
+            data = {**data, "engine": "auto"}
         try:
             config = cls(**data)
         except ValueError as e:  # the task rejects its name or parameters
@@ -268,10 +269,6 @@ class TrainConfig(NTMOptions):
                 self.mann_options().checked()
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
-        if self.model == "mann" and self.engine not in MANN_ENGINES:
-            raise ConfigError(f"{source}: engine={self.engine!r} does not apply to model='mann', "
-                              f"which has the engines {', '.join(MANN_ENGINES)}; set "
-                              f"engine=compiled")
         try:
             held_out = self.task_params.held_out()
         except ValueError as e:
@@ -591,7 +588,7 @@ PRESETS: dict[str, dict[str, dict]] = {
                  "batch_size": 16, "clip_norm": 10.0, "clip_value": 0.0, "eval_every": 200},
     },
     "omniglot": {
-        # LRUA, the paper's MANN (model sizes also MANNOptions' defaults), on the compiled engine.
+        # LRUA, the paper's MANN (model sizes also MANNOptions' defaults).
         # A learned key strength per read head: one hour, seed 0, eager engine, no reflections,
         # 81.0% at the 2nd instance and 88.6% at the 10th, against 73.0% and 87.2% with the
         # paper's plain cosine (beta = 1).
@@ -604,7 +601,7 @@ PRESETS: dict[str, dict[str, dict]] = {
         # same training paired with and without it, seeds 0 and 1): 93.2% and 93.5% at the 10th
         # instance, 92.9% on the five other sets, against 92.9%/93.6% and 92.3%/92.7%.
         "mann": {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
-                 "memory_width": 40, "read_heads": 4, "engine": "compiled", "learned_beta": True,
+                 "memory_width": 40, "read_heads": 4, "learned_beta": True,
                  "max_sequences": 584_080, "lr_milestones": [330_000, 450_000], "lr_decay": 0.3,
                  "weight_decay": 0.05, "ema_decay": 0.999,
                  "task_params": {"reflections": True, "max_angle": 20.0, "max_shift": 2.5,

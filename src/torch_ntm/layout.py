@@ -1,6 +1,6 @@
 """What an NTM's tensors mean, in one place: its recurrent state and its head layer's outputs.
 
-The model (`torch_ntm.model`) and its engines (`torch_ntm.fast`) both read these descriptions;
+The model (`torch_ntm.model`) and its engines (`torch_ntm.engines`) both read these descriptions;
 neither imports the other for them.
 
 The head layer (``NTM.head_params``, one linear layer for all heads) emits the Hr read heads'

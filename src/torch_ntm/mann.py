@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch_ntm import engines
 from torch_ntm import functional as ntmf
 from torch_ntm.layout import NTMState
 from torch_ntm.model import (
@@ -37,8 +38,6 @@ from torch_ntm.model import (
     _cell_step,
     _check_input_dtype,
     _check_state_tensors,
-    _choice,
-    _eager_only,
     _one_dtype,
     _positive_int,
     _read_only_options,
@@ -46,13 +45,9 @@ from torch_ntm.model import (
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
 
-# How `MANN.forward` computes the sequence (the same function, to float rounding, on both):
-# "eager" is the loop of `MANNCell` steps; "compiled", when gradients are recorded, runs the input
-# side of the LSTM for all steps as one matrix product and the rest in chunks of
-# `COMPILED_CHUNK` steps, each chunk one `torch.compile` graph, forward and backward (about 2x the
-# eager loop's training episodes/s on this CPU; under ``no_grad`` it runs the eager loop).
-ENGINES = ("eager", "compiled")
-COMPILED_CHUNK = 10
+# How `MANN.forward` computes the sequence (the same function, to float rounding, on each):
+# `torch_ntm.engines` says what each is and which serves which call.
+ENGINES = engines.ENGINES
 
 # What a write head adds to memory. "add": its own add vector a_h = tanh(W h_t) (an NTM-style
 # write, which lets what is stored differ from what it is found by); "key": the key of read head
@@ -299,12 +294,10 @@ class MANN(_MANNBase):
         learned_beta: False (default) reads with beta = 1, the paper's softmax of cosine
             similarities; True lets each read head emit a key strength ``softplus(.)``.
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
-        engine: how `forward` runs (the same function on both, to float rounding; see
-            `ENGINES`): ``"eager"`` (default), the loop of steps; ``"compiled"``, for training,
-            the LSTM's input side for all steps in one matrix product and the rest in
-            `torch.compile` graphs of `COMPILED_CHUNK` steps (compiled once per process and size,
-            about 1.5 minutes cold, seconds from torch's disk cache); without gradients it runs
-            the eager loop. May be changed on a built module by assigning ``mann.engine``.
+        engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
+            ``"auto"`` (default) the fastest engine that can serve the call, ``"native"`` or
+            ``"eager"`` (the loop of steps with plain autograd). May be changed on a built module
+            by assigning ``mann.engine``.
         device, dtype: of the parameters.
 
     Memory starts at a small constant for every call without a state; ``forward(x, state)``
@@ -319,7 +312,7 @@ class MANN(_MANNBase):
     def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
                  memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
                  usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
-                 learned_beta: bool = False, batch_first: bool = False, engine: str = "eager",
+                 learned_beta: bool = False, batch_first: bool = False, engine: str = "auto",
                  device=None, dtype=None) -> None:
         super().__init__(input_size, output_size, controller_size=controller_size,
                          memory_size=memory_size, memory_width=memory_width,
@@ -335,11 +328,11 @@ class MANN(_MANNBase):
 
     @engine.setter
     def engine(self, value: str) -> None:
-        self._engine = _choice("engine", value, ENGINES)
+        self._engine = engines.check_engine(value)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
-                + (f", engine={self.engine!r}" if self.engine != "eager" else ""))
+                + (f", engine={self.engine!r}" if self.engine != "auto" else ""))
 
     def config(self) -> dict:
         return {**super().config(), "batch_first": self.batch_first}
@@ -370,10 +363,8 @@ class MANN(_MANNBase):
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:
             self._check_state(state, x.shape[1], x)
-        # torch.func transforms and forward-mode AD run the eager loop, as for the NTM
-        if (self.engine == "compiled" and torch.is_grad_enabled()
-                and not _eager_only()):
-            y, state = self._forward_compiled(x, state)
+        if engines.choose(self, x) == "native" and _native is not None:
+            y, state = _native.forward(self, x, state)
         else:
             outputs = []
             for x_t in x:
@@ -382,57 +373,5 @@ class MANN(_MANNBase):
             y = torch.stack(outputs)  # (T, B, output_size)
         return _one_dtype((y.transpose(0, 1) if self.batch_first else y), state, x)
 
-    def _forward_compiled(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
-        """The "compiled" engine: ``x`` ``[T, B, input_size]`` -> ``([T, B, output_size], state)``.
 
-        The LSTM's gates are ``x_t W_x^T + [r_{t-1}, h_{t-1}] W_rh^T + b``: the first term, for
-        every step at once, is one large matrix product (and one for its weight gradient), which
-        leaves the per-step products 360 columns wide instead of 765 at the paper's sizes.
-        """
-        cell = self.controller.cells[0]
-        n = self.input_size
-        projected = F.linear(x, cell.weight_ih[:, :n], cell.bias_ih + cell.bias_hh)  # (T, B, 4C)
-        recurrent = torch.cat([cell.weight_ih[:, n:], cell.weight_hh], 1)  # (4C, H M + C)
-        # The graphs specialise on strides and on which inputs need a gradient: the first chunk
-        # gets the later chunks' kind of state (contiguous, as the learned initial (h, c) is a
-        # broadcast view; gradient-requiring, where a fresh memory, usage and reads are
-        # constants), so one graph serves every chunk of a size. The extra gradients are cheap.
-        state = MANNState(
-            tuple(t.contiguous() for t in state.controller),
-            *(t if t.requires_grad or name == "least_used" else t.detach().requires_grad_()
-              for name, t in zip(MANNState._fields[1:], state[1:])),
-        )
-        run, outputs = _compiled_chunk(), []
-        for start in range(0, x.shape[0], COMPILED_CHUNK):
-            y, state = run(self, projected[start : start + COMPILED_CHUNK], recurrent, state)
-            outputs.append(y)
-        return torch.cat(outputs), state
-
-
-def _run_chunk(model: MANN, projected: Tensor, recurrent: Tensor,
-               state: MANNState) -> tuple[Tensor, MANNState]:
-    """Steps of `MANN._forward_compiled` over ``projected`` ``[K, B, 4C]`` (the input side of the
-    LSTM's gates, biases included); the LSTM cell of `torch.nn.LSTMCell`, gate order
-    (input, forget, cell, output)."""
-    outputs = []
-    for gates_in in projected:
-        h_prev, c_prev = (t[0] for t in state.controller)
-        reads = state.reads.reshape(h_prev.shape[0], -1)
-        gates = torch.addmm(gates_in, torch.cat([reads, h_prev], -1), recurrent.t())
-        i, f, g, o = gates.chunk(4, 1)
-        c = torch.sigmoid(f) * c_prev + torch.sigmoid(i) * torch.tanh(g)
-        h = torch.sigmoid(o) * torch.tanh(c)
-        y, state = model._memory_step(h, (h.unsqueeze(0), c.unsqueeze(0)), state)
-        outputs.append(y)
-    return torch.stack(outputs), state
-
-
-_COMPILED: dict = {}
-
-
-def _compiled_chunk():
-    """`_run_chunk` compiled once per process (static shapes; models of the same sizes share
-    its graphs, a new size or chunk length compiles anew)."""
-    if not _COMPILED:
-        _COMPILED["chunk"] = torch.compile(_run_chunk, fullgraph=True, dynamic=False)
-    return _COMPILED["chunk"]
+_native = None  # the MANN's native engine

@@ -28,10 +28,10 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
+from torch_ntm import engines
 from torch_ntm import functional as ntmf
-from torch_ntm.fast import fast_forward
+from torch_ntm.engines import ntm as native
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
-from torch_ntm.native import native_forward, runs_as
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
@@ -41,12 +41,8 @@ __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS"
 MEMORY_INIT_CONSTANT = 1e-6
 MEMORY_INITS = ("constant", "learned", "random")
 # How `NTM.forward` computes the sequence (the same function, to float rounding, on every engine):
-# "fast" is `torch_ntm.fast` (fewer, larger ops and a hand-written backward over the sequence),
-# "compiled" is the same with its step functions compiled by `torch.compile` for training,
-# "native" is `torch_ntm.native` (the fast engine's computation as one C++ call per sequence,
-# forward and backward), and "eager" is the straightforward loop over `_step` with autograd
-# recording every op.
-ENGINES = ("fast", "compiled", "native", "eager")
+# `torch_ntm.engines` says what each is and which serves which call.
+ENGINES = engines.ENGINES
 
 
 class NTMTrace(NamedTuple):
@@ -228,6 +224,11 @@ class NTMOptions:
             )
         return dataclasses.replace(self, **caps)
 
+    @property
+    def caps(self) -> tuple[float, float]:
+        """Soft caps of beta and of gamma - 1 for `HeadLayout.activate` (0: unbounded)."""
+        return (self.max_beta or 0.0, (self.max_gamma or 1.0) - 1.0)
+
 
 def _options_in_signature(init):
     """Show the `NTMOptions` as keyword arguments in the signature of ``init``, an
@@ -373,11 +374,6 @@ class _NTMBase(nn.Module):
             reads=self.reads0.to(device, dtype).expand(b, -1, -1),
         )
 
-    @property
-    def _caps(self) -> tuple[float, float]:
-        """Soft caps of beta and of gamma - 1 for `HeadLayout.activate` (0: unbounded)."""
-        return (self.max_beta or 0.0, (self.max_gamma or 1.0) - 1.0)
-
     def _check_dtype(self, x: Tensor) -> None:
         """Inputs must have the parameters' dtype (no engine converts them)."""
         if self.reads0.dtype == torch.float16:  # measured: non-finite gradients in a few steps
@@ -431,12 +427,12 @@ class _NTMBase(nn.Module):
         memory, w_write = state.memory, state.write_weights
         wp = None
         if self.write_heads:
-            wp = self.head_layout.activate(raw, "write", *self._caps)
+            wp = self.head_layout.activate(raw, "write", *self.options.caps)
             w_write = ntmf.address(
                 memory, w_write, wp.key, wp.beta, wp.gate, wp.shift, wp.gamma
             )
             memory = ntmf.write(memory, w_write, wp.erase, wp.add)
-        rp = self.head_layout.activate(raw, "read", *self._caps)
+        rp = self.head_layout.activate(raw, "read", *self.options.caps)
         w_read = ntmf.address(
             memory, state.read_weights, rp.key, rp.beta, rp.gate, rp.shift, rp.gamma
         )
@@ -493,18 +489,9 @@ def _check_input_dtype(module: nn.Module, x: Tensor, dtype: torch.dtype) -> None
 
 
 def _under_torch_func() -> bool:
-    """Whether a `torch.func` transform (grad, vmap, jacrev, ...) is running: the engines'
-    hand-written backward and nn.LSTMCell's fused op have no rules there, so the eager loop
-    and a plain-op LSTM cell run instead."""
+    """Whether a `torch.func` transform (grad, vmap, jacrev, ...) is running: nn.LSTMCell's fused
+    op has no batching rule there, so a plain-op LSTM cell runs instead."""
     return torch._C._are_functorch_transforms_active()
-
-
-def _eager_only() -> bool:
-    """Whether only the eager loop computes what is asked: under a `torch.func` transform, or
-    with a forward-mode dual level open (`torch.autograd.forward_ad`), where the other engines
-    have no forward derivative (the native one's inference path dropped the tangents without a
-    word, the others raised)."""
-    return _under_torch_func() or torch.autograd.forward_ad._current_level >= 0
 
 
 def _check_state_tensors(state, ref: Tensor) -> None:
@@ -582,22 +569,14 @@ class NTM(_NTMBase):
             max_gamma - 1). For ablations: bounding gamma did not prevent the collapses of
             docs/stability.md (gradient-norm clipping at 1 did).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
-        engine: how `forward` runs; the result is the same function on each:
-            ``"fast"`` (default) fuses the step into fewer operations and back-propagates through
-            the sequence by a hand-written backward (1.3-1.7x the eager loop on a CPU);
-            ``"compiled"`` also compiles the training step with `torch.compile` (3.6-7.5x the
-            eager loop in ``ntm bench``; ~25 s of compilation per batch and memory size, seconds
-            once cached on disk; inference under ``no_grad`` runs the uncompiled fast step, as its
-            batch and memory sizes vary); ``"native"`` runs the whole sequence, forward and
-            backward, as one C++ call each (`torch_ntm.native`: the fastest on a CPU, training
-            and inference; a library built once per machine in seconds, for every size and
-            float32/float64; elsewhere it runs as ``"compiled"`` on a GPU and ``"fast"``
-            otherwise, saying so); ``"eager"`` loops over the step with plain autograd
-            (needed for double backward and `torch.func` transforms: the other engines raise
-            on a second derivative through the NTM's parameters or inputs, which their
-            hand-written backward would get wrong). `trace` is always eager,
-            and so is `forward` under `torch.autocast` (bfloat16 or float16 mixed precision).
-            May be changed on a built module by assigning ``ntm.engine``.
+        engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
+            ``"auto"`` (default) the fastest engine that can serve the call: ``"native"`` (the
+            whole sequence, forward and backward, as one C++ call each, on the CPU in float32
+            and float64; built once per machine in seconds) where it can, else ``"eager"`` (the
+            loop over the step with plain autograd, which also serves `torch.func`,
+            forward-mode AD, `torch.autocast`, other dtypes and devices, and second
+            derivatives), saying once why. `trace` is always eager. May be changed on a built
+            module by assigning ``ntm.engine``.
         device, dtype: of the parameters.
 
     The arguments from ``controller`` to ``max_gamma`` are the fields of `NTMOptions`:
@@ -612,7 +591,7 @@ class NTM(_NTMBase):
 
     @_options_in_signature
     def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
-                 engine: str = "fast", device=None, dtype=None, **options):
+                 engine: str = "auto", device=None, dtype=None, **options):
         super().__init__(input_size, output_size, device=device, dtype=dtype, **options)
         self.batch_first = bool(batch_first)
         self.engine = engine
@@ -623,13 +602,13 @@ class NTM(_NTMBase):
 
     @engine.setter
     def engine(self, value: str) -> None:
-        self._engine = _choice("engine", value, ENGINES)
+        self._engine = engines.check_engine(value)
 
     def extra_repr(self) -> str:
         return (
             super().extra_repr()
             + (", batch_first=True" if self.batch_first else "")
-            + (f", engine={self.engine!r}" if self.engine != "fast" else "")
+            + (f", engine={self.engine!r}" if self.engine != "auto" else "")
         )
 
     def config(self) -> dict:
@@ -665,8 +644,8 @@ class NTM(_NTMBase):
             self._check_state(state, x.shape[1], x)
         return x, state
 
-    def _finish(self, outputs: list[Tensor]) -> Tensor:
-        y = torch.stack(outputs)  # (T, B, output_size)
+    def _finish(self, y: Tensor) -> Tensor:
+        """Time-major outputs ``[T, B, output_size]`` in the module's layout."""
         return y.transpose(0, 1) if self.batch_first else y
 
     def forward(self, x: Tensor | PackedSequence, state: NTMState | None = None
@@ -698,8 +677,8 @@ class NTM(_NTMBase):
                         ) -> tuple[PackedSequence, NTMState]:
         """Runs the padded batch in pieces that end where some sequence ends, and keeps each
         sequence's state from the piece that ended it. The batch keeps its size throughout (the
-        steps past a sequence's end are computed and dropped), so the compiled engine compiles
-        once. The outputs come back packed exactly as ``x`` is (same `batch_sizes` and order)."""
+        steps past a sequence's end are computed and dropped). The outputs come back packed
+        exactly as ``x`` is (same `batch_sizes` and order)."""
         padded, lengths = pad_packed_sequence(x)  # [T, B, I] in the order before packing
         if padded.dim() != 3 or padded.shape[2] != self.input_size:
             raise ValueError(f"NTM expects packed steps of width {self.input_size}, got "
@@ -725,25 +704,15 @@ class NTM(_NTMBase):
     def _forward_padded(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         if torch.compiler.is_exporting():
             return self._forward_scan(x, state)
-        # Under torch.autocast the eager loop runs: the fast engines' fused steps and their
-        # hand-written backward take one dtype (the parameters'), not autocast's mix. So under
-        # torch.func's transforms (grad, vmap, jacrev, ...), which cannot see through that
-        # backward (torch refused with a message about setup_context), and so with forward-mode
-        # AD's dual tensors, for which the engines have no forward derivative.
-        if (self.engine != "eager" and not torch.is_autocast_enabled(x.device.type)
-                and not _eager_only()):
-            self._check_dtype(x)  # before the native engine says what it runs as for this dtype
-            engine = runs_as(x) if self.engine == "native" else self.engine
-            if engine == "native":
-                return native_forward(self, x, state)
-            compile = engine == "compiled" and torch.is_grad_enabled()
-            return fast_forward(self, x, state, compile=compile)
-        x, state = self._prepare(x, state)
+        x, state = self._prepare(x, state)  # time-major, checked
+        if engines.choose(self, x) == "native":
+            y, state = native.forward(self, x, state)
+            return self._finish(y), state
         outputs = []
         for x_t in x:
             y, state = self._step(x_t, state)
             outputs.append(y)
-        return _one_dtype(self._finish(outputs), state, x)
+        return _one_dtype(self._finish(torch.stack(outputs)), state, x)
 
     def _forward_scan(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
@@ -780,5 +749,5 @@ class NTM(_NTMBase):
             rows.append((state.read_weights, state.write_weights, wp.erase, wp.add, state.memory,
                          rp.beta[..., 0], rp.gamma[..., 0], wp.beta[..., 0], wp.gamma[..., 0]))
         trace = NTMTrace(*(torch.stack(col) for col in zip(*rows)))
-        y, state = _one_dtype(self._finish(outputs), state, x)
+        y, state = _one_dtype(self._finish(torch.stack(outputs)), state, x)
         return y, state, trace

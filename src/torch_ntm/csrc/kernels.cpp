@@ -1,7 +1,7 @@
-// The native engine (see sequence.h and native.py): one NTM step forward and backward for a
-// batch, on raw pointers, looped over the sequence, behind two C functions that native.py calls
-// with the addresses of buffers torch allocated. The same function as
-// `torch_ntm.fast._step` / `_step_backward` (read them side by side: the names match): the
+// The NTM's native engine (see sequence.h and engines/ntm.py): one NTM step forward and backward
+// for a batch, on raw pointers, looped over the sequence, behind two C functions that
+// engines/ntm.py calls with the addresses of buffers torch allocated. The same function as the
+// model's eager step (`NTM._step`, with `functional.address`, `write` and `read`): the
 // controller's and the head layer's matmuls are BLAS calls over the whole batch, and the rest of
 // a step (head activations, addressing, erase and add, reads, the LSTM's gates) plain loops over
 // one batch element's memory, vectorised.
@@ -16,6 +16,7 @@
 #include <cmath>
 #include <limits>
 #include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace torch_ntm {
@@ -56,7 +57,7 @@ inline F shift_dot(const F* a, const F* in, int64_t offset, int64_t n) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// Head activations (fast._activate_heads) and their backward.
+// Head activations (`HeadLayout.activate`, on the permuted rows) and their backward.
 // ------------------------------------------------------------------------------------------------
 
 template <typename F>
@@ -108,7 +109,7 @@ void activate_backward(const Cfg& c, const F* raw, const F* act, const F* dact, 
 }
 
 // ------------------------------------------------------------------------------------------------
-// Addressing (fast._address, eq. 5-9) of one head of one batch element, and its backward. The
+// Addressing (`functional.address`, eq. 5-9) of one head of one batch element, and its backward. The
 // forward keeps only the cosine similarities (cos [N]) for the backward, which recomputes the
 // weightings in between (`weightings`, the same machine code: not inlined) from them: the kept
 // state of every step is what the backward reads back from DRAM at large batches.
@@ -602,28 +603,46 @@ template void backward<double>(const View<double>&, const Params<double>&, int64
 namespace torch_ntm {
 namespace {
 
-// sizes: T, B, L, C, Hr, Hw, M, N, S, and the widths of the tanh, sigmoid and softplus blocks;
-// reals: beta_cap, gamma_cap, tiny.
-Cfg config(const int64_t* s, const double* reals) {
+Cfg config(const NTMCall& d) {
+  // Python checks shapes before it calls; this catches a description that does not fit this
+  // library before any pointer is read.
+  const int64_t widths = sizeof(d.field_width) / sizeof(d.field_width[0]);
+  bool fields_ok = true;
+  for (int64_t f = 0; f < widths; ++f) {
+    fields_ok = fields_ok && d.field_width[f] >= 1 && d.field_start[2 * f] >= -1 &&
+                d.field_start[2 * f + 1] >= -1;
+  }
+  if (d.steps < 1 || d.batch < 1 || d.layers < 1 || d.hidden < 1 || d.read_heads < 1 ||
+      d.write_heads < 0 || d.width < 1 || d.rows < 1 || d.shifts < 1 || d.shifts % 2 == 0 ||
+      d.shifts > d.rows || d.block_end[0] < 0 || d.block_end[1] < d.block_end[0] ||
+      d.block_end[2] < d.block_end[1] || d.block_end[3] < d.block_end[2] || !fields_ok) {
+    throw std::invalid_argument(
+        "sizes out of range (T " + std::to_string(d.steps) + ", B " + std::to_string(d.batch) +
+        ", L " + std::to_string(d.layers) + ", C " + std::to_string(d.hidden) + ", Hr " +
+        std::to_string(d.read_heads) + ", Hw " + std::to_string(d.write_heads) + ", M " +
+        std::to_string(d.width) + ", N " + std::to_string(d.rows) + ", S " +
+        std::to_string(d.shifts) + ")");
+  }
   Cfg c;
-  c.B = s[1];
-  c.L = s[2];
-  c.C = s[3];
-  c.Hr = s[4];
-  c.Hw = s[5];
+  c.call = d;
+  c.B = d.batch;
+  c.L = d.layers;
+  c.C = d.hidden;
+  c.Hr = d.read_heads;
+  c.Hw = d.write_heads;
   c.H = c.Hr + c.Hw;
-  c.M = s[6];
-  c.N = s[7];
-  c.S = s[8];
+  c.M = d.width;
+  c.N = d.rows;
+  c.S = d.shifts;
   c.R = (c.S - 1) / 2;
-  c.o_sig = s[9];
-  c.o_sp = s[9] + s[10];
-  c.o_sm = c.o_sp + s[11];
-  c.P = c.o_sm + c.H * c.S;
-  c.lstm = s[12] != 0;
-  c.beta_cap = reals[0];
-  c.gamma_cap = reals[1];
-  c.tiny = reals[2];
+  c.o_sig = d.block_end[0];
+  c.o_sp = d.block_end[1];
+  c.o_sm = d.block_end[2];
+  c.P = d.block_end[3];
+  c.lstm = d.lstm != 0;
+  c.beta_cap = d.beta_cap;
+  c.gamma_cap = d.gamma_cap;
+  c.tiny = d.tiny;
   return c;
 }
 
@@ -635,7 +654,7 @@ size_t take(const uintptr_t* p, size_t count, std::vector<F*>& out) {
 }
 
 // The buffers, in the order h, c, msq, wr, ww, hs, reads, raw, mem per slot, addr per step, z
-// per layer, act per layer (native.py's `_flat`).
+// per layer, act per layer (engines/ntm.py's `_pointers`).
 template <typename F>
 size_t take_view(const uintptr_t* p, int64_t slots, int64_t steps, View<F>& v) {
   F** fields[] = {&v.h_, &v.c_, &v.msq_, &v.wr_, &v.ww_, &v.hs_, &v.reads_, &v.raw_};
@@ -649,8 +668,8 @@ size_t take_view(const uintptr_t* p, int64_t slots, int64_t steps, View<F>& v) {
 }
 
 template <typename F>
-void run_forward(const int64_t* sizes, const double* reals, const uintptr_t* p) {
-  View<F> v{config(sizes, reals)};
+void run_forward(const NTMCall* d, const uintptr_t* p) {
+  View<F> v{config(*d)};
   const int64_t L = v.c.L;
   Params<F> params;
   params.xpre = reinterpret_cast<const F*>(p[0]);
@@ -660,26 +679,26 @@ void run_forward(const int64_t* sizes, const double* reals, const uintptr_t* p) 
   size_t i = 4;
   i += take(p + i, L, params.weights);
   i += take(p + i, L - 1, params.biases);
-  const bool keep_all = sizes[13] != 0;
-  take_view(p + i, keep_all ? sizes[0] + 1 : 2, keep_all ? sizes[0] : 1, v);
-  forward<F>(v, params, sizes[0], keep_all);
+  const bool keep_all = d->keep_all != 0;
+  take_view(p + i, keep_all ? d->steps + 1 : 2, keep_all ? d->steps : 1, v);
+  forward<F>(v, params, d->steps, keep_all);
 }
 
 template <typename F>
-void run_backward(const int64_t* sizes, const double* reals, const uintptr_t* p) {
-  View<F> v{config(sizes, reals)};
+void run_backward(const NTMCall* d, const uintptr_t* p) {
+  View<F> v{config(*d)};
   const int64_t L = v.c.L;
   Params<F> params{};
   params.wp = reinterpret_cast<const F*>(p[0]);
   size_t i = 1;
   i += take(p + i, L, params.weights);
-  i += take_view(p + i, sizes[0] + 1, sizes[0], v);
+  i += take_view(p + i, d->steps + 1, d->steps, v);
   std::vector<F*> g;
   i += take(p + i, 8, g);  // dh_out, dreads_out, then the carried dmem, dwr, dww, dreads, dh, dc
   Carried<F> carried{g[2], g[3], g[4], g[5], g[6], g[7]};
   std::vector<F*> dpre;
   i += take(p + i, L, dpre);
-  backward<F>(v, params, sizes[0], g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
+  backward<F>(v, params, d->steps, g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
 }
 
 }  // namespace
@@ -688,17 +707,15 @@ void run_backward(const int64_t* sizes, const double* reals, const uintptr_t* p)
 extern "C" {
 
 // dtype: 0 float32, 1 float64. Each returns 0, or 1 with the message in torch_ntm_last_error.
-int torch_ntm_forward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
+int torch_ntm_forward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
   return torch_ntm::guarded([&] {
-    dtype == 0 ? torch_ntm::run_forward<float>(sizes, reals, p)
-               : torch_ntm::run_forward<double>(sizes, reals, p);
+    dtype == 0 ? torch_ntm::run_forward<float>(d, p) : torch_ntm::run_forward<double>(d, p);
   });
 }
 
-int torch_ntm_backward(int dtype, const int64_t* sizes, const double* reals, const uintptr_t* p) {
+int torch_ntm_backward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
   return torch_ntm::guarded([&] {
-    dtype == 0 ? torch_ntm::run_backward<float>(sizes, reals, p)
-               : torch_ntm::run_backward<double>(sizes, reals, p);
+    dtype == 0 ? torch_ntm::run_backward<float>(d, p) : torch_ntm::run_backward<double>(d, p);
   });
 }
 

@@ -4,38 +4,45 @@
 //
 // Shapes: T steps, B batch, L controller layers of C units, memory of N rows of width M kept
 // transposed per batch element ([M, N], so that loops over rows are contiguous), H = Hw + Hr
-// heads (write heads first), S = 2R + 1 shifts, P head-layer outputs in the permuted block order
-// of `fast._BLOCKS`: [tanh: write keys, adds, read keys | sigmoid: erases, write gates, read gates |
-// softplus: betas, gammas - 1 | softmax: shifts].
+// heads (write heads first), S = 2R + 1 shifts, P head-layer outputs permuted into blocks by
+// activation [tanh | sigmoid | softplus | softmax] (engines/ntm.py's `head_blocks`; where each
+// head's fields lie comes with the call, in `NTMCall`).
 
 #pragma once
+
+#include "calls.h"  // generated from engines/ntm.py's NTMCall
 
 #include <cstdint>
 #include <vector>
 
 namespace torch_ntm {
 
-// Static sizes of one call.
+// Static sizes of one call (from its NTMCall).
 struct Cfg {
   bool lstm;
   int64_t L, B, C, Hr, Hw, H, M, N, S, R, P;
-  int64_t o_sig, o_sp, o_sm;  // offsets of the sigmoid, softplus and softmax blocks
+  int64_t o_sig, o_sp, o_sm;  // where the sigmoid, softplus and softmax blocks start
   double beta_cap, gamma_cap, tiny;
+  NTMCall call;  // field_start and field_width: where each head's fields lie
 
   int64_t in_size(int64_t layer) const { return layer == 0 ? Hr * M : C; }
   int64_t z_size(int64_t layer) const { return in_size(layer) + (lstm ? C : 0); }
   int64_t gate_size() const { return lstm ? 4 * C : C; }
-  // Where head k's fields lie in the permuted head layer output (k < Hw: write heads).
-  int64_t key(int64_t k) const { return k < Hw ? k * M : 2 * Hw * M + (k - Hw) * M; }
-  int64_t add(int64_t k) const { return Hw * M + k * M; }
-  int64_t erase(int64_t k) const { return o_sig + k * M; }
-  int64_t gate(int64_t k) const { return o_sig + Hw * M + k; }
-  int64_t beta(int64_t k) const { return o_sp + k; }
-  int64_t gamma(int64_t k) const { return o_sp + H + k; }
-  int64_t shift(int64_t k) const { return o_sm + k * S; }
+  // Where head k's field f lies in the permuted head layer output (k < Hw: write heads).
+  int64_t at(HeadField f, int64_t k) const {
+    return k < Hw ? call.field_start[2 * f] + k * call.field_width[f]
+                  : call.field_start[2 * f + 1] + (k - Hw) * call.field_width[f];
+  }
+  int64_t key(int64_t k) const { return at(KEY, k); }
+  int64_t add(int64_t k) const { return at(ADD, k); }
+  int64_t erase(int64_t k) const { return at(ERASE, k); }
+  int64_t gate(int64_t k) const { return at(GATE, k); }
+  int64_t beta(int64_t k) const { return at(BETA, k); }
+  int64_t gamma(int64_t k) const { return at(GAMMA, k); }
+  int64_t shift(int64_t k) const { return at(SHIFT, k); }
 };
 
-// The buffers of one call (native.py's `_buffers`, with their shapes) as raw pointers, and where
+// The buffers of one call (engines/ntm.py's `_buffers`, with their shapes) as raw pointers, and where
 // one slot's (T + 1 of state) or one step's (T of intermediates) part of each begins.
 template <typename F>
 struct View {

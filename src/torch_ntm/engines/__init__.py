@@ -1,1 +1,147 @@
-"""How the models compute a sequence: the engines, behind one interface."""
+"""How the models compute a sequence: the engines, behind one interface.
+
+Every model (`torch_ntm.NTM`, `torch_ntm.MANN`) has the same engines, chosen by its ``engine``
+argument:
+
+- ``"eager"``: the model's own loop over its step (``model._step``), with autograd recording every
+  op: the specification the other engines are tested against, and the engine for everything the
+  others cannot do: `torch.func` transforms, forward-mode AD, `torch.autocast`, dtypes other than
+  float32 and float64, devices without a native engine, second derivatives.
+- ``"native"``: the whole sequence, forward and backward, as one C++ call each (`ntm`, `mann`
+  here; kernels in ``csrc/``, built on first use by `library`), on the CPU, in float32 and
+  float64.
+- ``"auto"`` (the default): the fastest engine that can serve the call: native where it can,
+  else eager.
+
+A model hands an engine its input, time-major and checked, and its state; the engine reads what
+it needs of the model through public attributes (``model.options``, ``model.head_layout``, the
+parameters of ``model.controller``, ``model.head_params`` and ``model.output``) and returns the
+logits and the final state. Where ``"native"`` or ``"auto"`` cannot serve a call, the eager loop
+runs it and the reason is logged once (logger ``torch_ntm.engines``).
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+
+import torch
+from torch import Tensor
+
+__all__ = ["ENGINES", "LEGACY_ENGINES", "choose", "eager_only", "first_order_only"]
+
+ENGINES = ("auto", "native", "eager")
+# Names of engines this library no longer has, as configs and checkpoints of earlier versions
+# hold them: each now means "auto".
+LEGACY_ENGINES = ("fast", "compiled")
+
+_log = logging.getLogger(__name__)
+_SAID: set = set()
+
+
+def _say_once(message: str) -> None:
+    if message not in _SAID:
+        _SAID.add(message)
+        _log.warning(message)
+
+
+def eager_only() -> bool:
+    """Whether only the eager loop computes what is asked: under a `torch.func` transform (grad,
+    vmap, jacrev, ...), whose transforms cannot see through a hand-written backward, or with a
+    forward-mode dual level open (`torch.autograd.forward_ad`), for which the native engine has no
+    forward derivative."""
+    return (torch._C._are_functorch_transforms_active()
+            or torch.autograd.forward_ad._current_level >= 0)
+
+
+def _why_not_native(x: Tensor) -> str | None:
+    """Why the native engine cannot run a call with input ``x``, or None if it can."""
+    from torch_ntm.engines import library
+
+    if eager_only():
+        return "a torch.func transform or forward-mode AD is active"
+    if torch.is_autocast_enabled(x.device.type):
+        return "torch.autocast is enabled (the native engine computes in one dtype)"
+    if x.device.type != "cpu":
+        return f"the native engine runs on the CPU, not {x.device.type}"
+    if x.dtype not in library.DTYPES:
+        return f"the native engine computes in float32 or float64, not {x.dtype}"
+    if not library.available():
+        return f"the native library could not be built ({library.error()})"
+    return None
+
+
+def choose(model: torch.nn.Module, x: Tensor) -> str:
+    """The engine that runs ``model``'s call on input ``x``: ``"native"`` or ``"eager"``.
+
+    ``model.engine`` ``"eager"`` is eager; ``"native"`` and ``"auto"`` are native where it can
+    serve the call, else eager, with the reason logged once per reason and model class."""
+    if model.engine == "eager":
+        return "eager"
+    why = _why_not_native(x)
+    if why is None:
+        return "native"
+    _say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
+              f"engine: {why}")
+    return "eager"
+
+
+def check_engine(value: str) -> str:
+    """``value`` as a model's ``engine``: one of `ENGINES` (a `LEGACY_ENGINES` name is "auto").
+
+    Raises:
+        ValueError: naming the valid choices.
+    """
+    if value in LEGACY_ENGINES:
+        _say_once(f"engine {value!r} no longer exists; it runs as 'auto' (the fastest engine "
+                  f"for the call)")
+        return "auto"
+    if value not in ENGINES:
+        raise ValueError(f"unknown engine {value!r}; valid choices: {', '.join(ENGINES)}")
+    return value
+
+
+# ------------------------------------------------------------------------------------------------
+# Second derivatives: a native backward is one C++ call, which autograd cannot record.
+# ------------------------------------------------------------------------------------------------
+
+_SECOND_ORDER = (
+    "the native engine computes first derivatives only (its backward is one C++ call): a second "
+    "derivative (create_graph=True: double backward, a gradient penalty, a Hessian-vector "
+    "product) needs engine=\"eager\" (model.engine = \"eager\")")
+
+
+class _RaisesIfDifferentiated(torch.autograd.Function):
+    """A -0.0 (adding it changes no value, not even a zero's sign) that depends on ``inputs``
+    and whose backward raises `_SECOND_ORDER`."""
+
+    @staticmethod
+    def forward(ctx, like: Tensor, *inputs: Tensor):
+        return like.new_full((), -0.0)
+
+    @staticmethod
+    def backward(ctx, grad):
+        raise RuntimeError(_SECOND_ORDER)
+
+
+def first_order_only(backward):
+    """Decorates an `autograd.Function`'s ``backward`` that autograd cannot record (a native
+    engine's C++ call): it runs without a graph, and where autograd asks for one
+    (``create_graph=True``) each result gets a -0.0 that depends on the incoming gradients and
+    raises when differentiated, so that a second derivative raises with the fix instead of coming
+    out wrong or zero without a word (torch's ``once_differentiable`` raises too, with a message
+    that does not name the fix)."""
+
+    @functools.wraps(backward)
+    def wrapper(ctx, *grads):
+        with torch.no_grad():
+            out = backward(ctx, *grads)
+        if not torch.is_grad_enabled():
+            return out
+        like = next(g for g in out if isinstance(g, Tensor))
+        leaf = torch.zeros((), requires_grad=True)  # so that the results always require grad
+        needing = [leaf, *(g for g in grads if isinstance(g, Tensor) and g.requires_grad)]
+        zero = _RaisesIfDifferentiated.apply(like.detach(), *needing)
+        return tuple(g if g is None else g + zero for g in out)
+
+    return wrapper

@@ -1,0 +1,460 @@
+"""The NTM's native engine: the whole sequence, forward and backward, as one C++ call each.
+
+At the sizes NTMs train at, an eager step is hundreds of tiny tensor operations, and their
+dispatch, not arithmetic, is where the time goes. Here the time loop is C++
+(``csrc/kernels.cpp``, built by `torch_ntm.engines.library`): the controller's and head layer's
+matmuls are BLAS calls over the batch, and the rest of a step (activations, addressing, erase and
+add, reads, the LSTM's gates, and their backward) vectorised loops over each batch element's
+memory. torch allocates every buffer (`_buffers`) and the C functions fill them; an
+`autograd.Function` wraps the two calls. The input projection of every step, the output layer and
+the weight gradients are one matmul each over all steps, through ordinary autograd.
+
+The kernels read the head layer's rows permuted into one block per activation (`head_blocks`), so
+that one loop activates a kind of field of every head, and the LSTM's gates reordered (i, f, o, g),
+so that the three sigmoids are one run. Where each field of each head lies in those blocks is
+derived here from `torch_ntm.layout.HEAD_FIELDS` and handed to the kernels in the call's
+description (`NTMCall`), so the layout is described once. The model's eager step (`NTM._step`)
+is the specification: the same function, to float rounding. Shapes: B batch, C controller size,
+N memory rows, M row width, S = 2R + 1 shifts, Hr / Hw read / write heads, P head-layer outputs.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import os
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torch_ntm.engines import first_order_only
+from torch_ntm.engines.library import Description, call, keep_freed_memory
+from torch_ntm.layout import HEAD_FIELDS, HeadLayout, NTMState
+
+if TYPE_CHECKING:
+    from torch_ntm.model import NTM
+
+__all__ = ["DESCRIPTIONS", "NTMCall", "forward", "head_blocks"]
+
+# The kernels' blocks of the head layer's rows, by activation, in this order; in each block the
+# fields of that activation in `HEAD_FIELDS` order, each the write heads' before the read heads'.
+_BLOCKS = ("tanh", "sigmoid", "softplus", "softmax")
+_KINDS = ("write", "read")
+
+
+class NTMCall(Description):
+    """The static sizes of a call of the NTM's kernels (``torch_ntm_forward``,
+    ``torch_ntm_backward``): the C++ struct of the same name in the generated ``calls.h``."""
+
+    _fields_ = [
+        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
+        ("layers", ctypes.c_int64), ("hidden", ctypes.c_int64),  # L, C
+        ("read_heads", ctypes.c_int64), ("write_heads", ctypes.c_int64),  # Hr, Hw
+        ("width", ctypes.c_int64), ("rows", ctypes.c_int64), ("shifts", ctypes.c_int64),  # M, N, S
+        ("lstm", ctypes.c_int64), ("keep_all", ctypes.c_int64),
+        # The permuted head layer: where each block ends (the tanh block starts at 0), and where
+        # head 0 of each kind has each field (`field_start[2 * field + kind]`, kind 0 write, 1
+        # read; -1: that kind has no such field) and the field's width.
+        ("block_end", ctypes.c_int64 * len(_BLOCKS)),
+        ("field_start", ctypes.c_int64 * (2 * len(HEAD_FIELDS))),
+        ("field_width", ctypes.c_int64 * len(HEAD_FIELDS)),
+        ("beta_cap", ctypes.c_double), ("gamma_cap", ctypes.c_double),  # 0: none
+        ("tiny", ctypes.c_double),  # the dtype's smallest normal number
+    ]
+    cpp = "enum HeadField : int { " + ", ".join(
+        f"{f.name.upper()} = {i}" for i, f in enumerate(HEAD_FIELDS)) + " };"
+
+
+DESCRIPTIONS = (NTMCall,)
+
+
+class _Blocks(NamedTuple):
+    """The permuted head layer of one model's layout."""
+
+    perm: Tensor  # the head layer's rows in the kernels' order
+    block_end: tuple  # per block of `_BLOCKS`, where it ends
+    field_start: tuple  # per field and kind, where head 0's field starts (-1: none)
+    field_width: tuple  # per field, its width
+
+
+def head_blocks(layout: HeadLayout) -> _Blocks:
+    """The head layer's rows in the kernels' order (`_BLOCKS`) and where each field lies."""
+    perm, block_end = [], []
+    start = {}
+    for block in _BLOCKS:
+        for field in HEAD_FIELDS:
+            if field.activation != block:
+                continue
+            for kind in _KINDS:
+                if field.name in layout.fields(kind) and layout.heads(kind):
+                    start[field.name, kind] = len(perm)
+                    perm += layout.rows(kind, field.name)
+        block_end.append(len(perm))
+    assert sorted(perm) == list(range(layout.size)), "every head output in exactly one block"
+    sizes = layout.fields("write")
+    return _Blocks(torch.tensor(perm, dtype=torch.long), tuple(block_end),
+                   tuple(start.get((f.name, kind), -1) for f in HEAD_FIELDS for kind in _KINDS),
+                   tuple(sizes[f.name] for f in HEAD_FIELDS))
+
+
+class _Config(NamedTuple):
+    """The static sizes of a model that the kernels depend on."""
+
+    lstm: bool
+    layers: int
+    hidden: int  # C
+    read_heads: int  # Hr
+    write_heads: int  # Hw
+    width: int  # M
+    shifts: int  # S = 2R + 1
+    blocks: _Blocks  # where the kernels find each head's fields (`head_blocks`)
+    beta_cap: float  # soft caps of beta and of gamma - 1 (`layout.soft_cap`; 0: none)
+    gamma_cap: float
+
+
+class _Rows(NamedTuple):
+    """A permutation of a tensor's rows and its inverse."""
+
+    perm: Tensor
+    inverse: Tensor
+
+    @classmethod
+    def of(cls, perm: Tensor) -> _Rows:
+        return cls(perm, torch.argsort(perm))
+
+    def __call__(self, x: Tensor) -> Tensor:
+        """``x[perm]``, differentiably."""
+        return _PermuteRows.apply(x, self)
+
+
+class _PermuteRows(torch.autograd.Function):
+    """``x[perm]`` for a permutation of x's rows, a gather both ways (its gradient is the inverse
+    permutation's gather), where indexing's backward scatters with accumulation (slower at
+    batch 1)."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, rows: _Rows) -> Tensor:
+        ctx.inverse = rows.inverse
+        return x.index_select(0, rows.perm)
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        return grad.index_select(0, ctx.inverse), None
+
+
+class _Plan(NamedTuple):
+    """What the engine needs of a model's shape: the static config and the row permutations."""
+
+    cfg: _Config
+    head_rows: _Rows  # rows of the head layer in `_BLOCKS` order
+    gate_rows: _Rows  # LSTMCell's gates (i, f, g, o) -> the kernels' (i, f, o, g)
+
+
+_PLANS: dict = {}
+
+
+def _plan(model: NTM, device: torch.device) -> _Plan:
+    """The `_Plan` of ``model`` on ``device``, cached on its options."""
+    opt = model.options
+    key = (tuple(vars(opt).values()), str(device))
+    plan = _PLANS.get(key)
+    if plan is None:
+        blocks = head_blocks(model.head_layout)
+        c = opt.controller_size
+        gate_perm = torch.cat(
+            [torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)])
+        beta_cap, gamma_cap = opt.caps
+        cfg = _Config(lstm=opt.controller == "lstm", layers=opt.controller_layers, hidden=c,
+                      read_heads=opt.read_heads, write_heads=opt.write_heads,
+                      width=opt.memory_width, shifts=2 * opt.shift_range + 1, blocks=blocks,
+                      beta_cap=beta_cap, gamma_cap=gamma_cap)
+        plan = _Plan(cfg, _Rows.of(blocks.perm.to(device)), _Rows.of(gate_perm.to(device)))
+        _PLANS[key] = plan
+    return plan
+
+
+def _parameters(plan: _Plan, model: NTM, x: Tensor):
+    """The weights in the kernels' layout (differentiably, contiguous), and ``xpre [T, B, G]``,
+    layer 0's input projection of every step (bias included)."""
+    cfg = plan.cfg
+    n_in = model.input_size
+    weights, biases = [], []
+    if cfg.lstm:
+        gates = plan.gate_rows
+        for layer, cell in enumerate(model.controller.cells):
+            w_ih, w_hh = gates(cell.weight_ih), gates(cell.weight_hh)
+            bias = gates(cell.bias_ih + cell.bias_hh)
+            if layer == 0:
+                xpre = F.linear(x, w_ih[:, :n_in], bias)
+                weights.append(torch.cat([w_ih[:, n_in:], w_hh], dim=1))
+            else:
+                weights.append(torch.cat([w_ih, w_hh], dim=1))
+                biases.append(bias)
+    else:
+        for layer, lin in enumerate(model.controller.layers):
+            if layer == 0:
+                xpre = F.linear(x, lin.weight[:, :n_in], lin.bias)
+                weights.append(lin.weight[:, n_in:].contiguous())
+            else:
+                weights.append(lin.weight)
+                biases.append(lin.bias)
+    heads = plan.head_rows
+    wp, bp = heads(model.head_params.weight), heads(model.head_params.bias)
+    return xpre, weights, biases, wp, bp
+
+
+class _Buffers(NamedTuple):
+    """What the forward writes and the backward reads (csrc/sequence.h's `View`): every step's,
+    or for inference two slots of state and one step of intermediates (``hs`` and ``reads``
+    always every step's)."""
+
+    h: Tensor  # [T+1, L, B, C] controller outputs per layer (slot 0: initial)
+    c: Tensor  # [T+1, L, B, C] LSTM cells ([T+1, 0, B, C] feed-forward)
+    msq: Tensor  # [T+1, B, N] squared row norms
+    wr: Tensor  # [T+1, B, Hr, N]
+    ww: Tensor  # [T+1, B, Hw, N]
+    hs: Tensor  # [T, B, C] the top layer's output
+    reads: Tensor  # [T, B, Hr, M]
+    raw: Tensor  # [T, B, P] the head layer's output
+    # The two largest, in blocks per slot or step (`_blocks`; csrc/sequence.h's View):
+    mem: Tensor | tuple  # T+1 of [B, M, N] memory, transposed
+    addr: Tensor | tuple  # T of [B, H, N] the heads' cosine similarities
+    z: tuple  # per layer [T, B, in + C | in] the layer's matmul input
+    act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
+
+
+_SINGLE = _Buffers._fields.index("mem")  # the buffers before the blocks: one tensor each
+
+
+def _buffers(cfg: _Config, steps: int, batch: int, rows: int, like: Tensor, keep: bool):
+    hr, hw, m, c, layers = cfg.read_heads, cfg.write_heads, cfg.width, cfg.hidden, cfg.layers
+    slots, kept = (steps + 1, steps) if keep else (2, 1)
+    shapes = [
+        (slots, layers, batch, c), (slots, layers * cfg.lstm, batch, c), (slots, batch, rows),
+        (slots, batch, hr, rows), (slots, batch, hw, rows), (steps, batch, c),
+        (steps, batch, hr, m), (kept, batch, cfg.blocks.block_end[-1]),
+        *((kept, batch, (hr * m if layer == 0 else c) + c * cfg.lstm) for layer in range(layers)),
+        *((kept, batch, 4 * c if cfg.lstm else c) for _ in range(layers)),
+    ]  # fmt: skip
+    # All but the memories and addressing intermediates in one allocation, cut into views.
+    sizes = [math.prod(shape) for shape in shapes]
+    views = [v.view(shape) for v, shape in zip(like.new_empty(sum(sizes)).split(sizes), shapes)]
+    z, act = tuple(views[_SINGLE : _SINGLE + layers]), tuple(views[_SINGLE + layers :])
+    mem = _blocks(like, slots, (batch, m, rows))
+    addr = _blocks(like, kept, (batch, hr + hw, rows))
+    return _Buffers(*views[:_SINGLE], mem, addr, z, act)
+
+
+def _blocks(like: Tensor, count: int, shape: tuple) -> Tensor | tuple:
+    """``count`` tensors of ``shape``: views of one allocation, or, from 1 MB each, separate
+    tensors, which the heap reuses between calls (one allocation of them all would be mapped, and
+    page-faulted, afresh on every call)."""
+    if math.prod(shape) * like.element_size() < 1 << 20:
+        return like.new_empty(count, *shape)
+    return tuple(like.new_empty(shape) for _ in range(count))
+
+
+def _saved(buf: _Buffers) -> list[Tensor]:
+    """The buffers as a flat list of tensors, for `save_for_backward`."""
+    blocks = [[b] if isinstance(b, Tensor) else list(b) for b in (buf.mem, buf.addr)]
+    return [*buf[:_SINGLE], *blocks[0], *blocks[1], *buf.z, *buf.act]
+
+
+def _unsaved(tensors: list[Tensor], layers: int, stacked: tuple[bool, bool]) -> _Buffers:
+    """`_saved`'s inverse (the per-step blocks' count follows from the others' shapes)."""
+    steps = tensors[_Buffers._fields.index("hs")].shape[0]
+    rest, blocks = list(tensors[_SINGLE:]), []
+    for is_tensor, count in zip(stacked, (steps + 1, steps)):
+        n = 1 if is_tensor else count
+        blocks.append(rest[0] if is_tensor else tuple(rest[:n]))
+        rest = rest[n:]
+    return _Buffers(*tensors[:_SINGLE], *blocks, tuple(rest[:layers]), tuple(rest[layers:]))
+
+
+def _data(*tensors: Tensor) -> list[int]:
+    """The data addresses of contiguous tensors of one dtype."""
+    for t in tensors:
+        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
+    return [t.data_ptr() for t in tensors]
+
+
+def _pointers(buf: _Buffers) -> list[int]:
+    """The addresses of the buffers in the order csrc/kernels.cpp's `take_view` reads them."""
+
+    def blocks(b):  # one address per slot or step
+        if isinstance(b, Tensor):
+            size = b.stride(0) * b.element_size()
+            return range(b.data_ptr(), b.data_ptr() + size * b.shape[0], size)
+        return _data(*b)
+
+    return [*_data(*buf[:_SINGLE]), *blocks(buf.mem), *blocks(buf.addr),
+            *_data(*buf.z, *buf.act)]
+
+
+def _description(cfg: _Config, tiny: float, buf: _Buffers, keep: bool) -> NTMCall:
+    steps = buf.hs.shape[0]
+    batch, m, n = buf.mem[0].shape
+    blocks = cfg.blocks
+    return NTMCall(steps, batch, cfg.layers, cfg.hidden, cfg.read_heads, cfg.write_heads, m, n,
+                   cfg.shifts, int(cfg.lstm), int(keep), blocks.block_end, blocks.field_start,
+                   blocks.field_width, cfg.beta_cap, cfg.gamma_cap, tiny)
+
+
+def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write, reads, h0,
+                 c0, keep: bool) -> _Buffers:
+    """All steps; the state tensors as `_NativeSequence.forward` takes them (memory
+    ``[B, M, N]``, ``h0, c0 [L, B, C]`` or empty)."""
+    steps, batch = xpre.shape[:2]
+    buf = _buffers(cfg, steps, batch, memory.shape[2], xpre, keep)
+    with torch.no_grad():
+        if cfg.lstm:
+            buf.h[0].copy_(h0)
+            buf.c[0].copy_(c0)
+        buf.mem[0].copy_(memory)
+        buf.msq[0].copy_(memory.square().sum(1))
+        buf.wr[0].copy_(w_read)
+        buf.ww[0].copy_(w_write)
+    call("torch_ntm_forward", xpre.dtype, _description(cfg, tiny, buf, keep),
+         [*_data(xpre, wp, bp, reads, *weights, *biases), *_pointers(buf)])
+    return buf
+
+
+class _NativeSequence(torch.autograd.Function):
+    """The recurrent part of `NTM.forward` over a whole sequence by the native library.
+
+    Inputs (flat, for autograd): ``xpre [T, B, G]``, ``wp``, ``bp``, the initial state ``memory
+    [B, M, N]`` (transposed), ``w_read, w_write, reads``, then ``L`` weights, ``L - 1`` biases
+    and, for an LSTM, ``L`` initial h and ``L`` initial c. Outputs: ``hs [T, B, C]``, ``reads
+    [T, B, Hr, M]``, the final ``memory, w_read, w_write`` and, for an LSTM, final ``h, c
+    [L, B, C]``.
+    """
+
+    @staticmethod
+    def forward(ctx, cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write,
+                reads, *rest):
+        n = cfg.layers
+        weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
+        h0, c0 = _initial_controller(cfg, rest[2 * n - 1 :], memory)
+        buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write,
+                           reads, h0, c0, keep=True)
+        ctx.set_materialize_grads(False)
+        ctx.cfg, ctx.tiny = cfg, tiny
+        ctx.stacked = (isinstance(buf.mem, Tensor), isinstance(buf.addr, Tensor))
+        ctx.save_for_backward(wp, *weights, *_saved(buf))
+        out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
+        if cfg.lstm:
+            out += [buf.h[-1], buf.c[-1]]
+        return tuple(t.clone() for t in out)  # no output is a view of what backward keeps
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
+        cfg, n = ctx.cfg, ctx.cfg.layers
+        wp, *rest = ctx.saved_tensors
+        weights, buf = rest[:n], _unsaved(rest[n:], n, ctx.stacked)
+        steps, batch = buf.hs.shape[:2]
+
+        def carried(g, like):  # a fresh contiguous copy: the library updates it in place
+            return torch.zeros_like(like) if g is None else g.clone(
+                memory_format=torch.contiguous_format)
+
+        grads = [
+            torch.zeros_like(buf.hs) if dhs_out is None else dhs_out.contiguous(),
+            torch.zeros_like(buf.reads) if dreads_out is None else dreads_out.contiguous(),
+            carried(dmem, buf.mem[-1]), carried(dwr, buf.wr[-1]), carried(dww, buf.ww[-1]),
+            torch.zeros_like(buf.reads[0]), carried(dh_last, buf.h[-1][: n * cfg.lstm]),
+            carried(dc_last, buf.c[-1]),
+        ]  # fmt: skip
+        dpres = [wp.new_empty(steps, batch, w.shape[0]) for w in weights]
+        draw = wp.new_empty(steps, batch, wp.shape[0])
+        call("torch_ntm_backward", wp.dtype, _description(cfg, ctx.tiny, buf, True),
+             [*_data(wp, *weights), *_pointers(buf), *_data(*grads, *dpres, draw)])
+        dmem0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
+        # Weight gradients: one matmul over all T*B rows each.
+        dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
+        dweights = [d.flatten(0, 1).t() @ z.flatten(0, 1) for d, z in zip(dpres, buf.z)]
+        dbiases = [d.sum((0, 1)) for d in dpres[1:]]
+        controller = (*dh0.unbind(0), *dc0.unbind(0)) if cfg.lstm else ()
+        return (None, None, dpres[0], dwp, draw.sum((0, 1)), dmem0, dwr0, dww0, dreads0,
+                *dweights, *dbiases, *controller)
+
+
+def _initial_controller(cfg: _Config, hc: tuple, like: Tensor) -> tuple[Tensor, Tensor]:
+    """The LSTM's initial ``h, c [L, B, C]`` from their per-layer list; empty for feed-forward."""
+    if cfg.lstm:
+        n = cfg.layers
+        return torch.stack(hc[:n]).detach(), torch.stack(hc[n:]).detach()
+    empty = like.new_zeros(0, like.shape[0], cfg.hidden)
+    return empty, empty
+
+
+# A batch whose memories together take more than this many bytes runs in chunks of at most
+# `_CHUNK_BYTES` of memory each, one library call each (`_chunks`).
+_SPLIT_BYTES = 4 << 20
+_CHUNK_BYTES = 3 << 19
+
+
+def _chunks(batch: int, memory_bytes: int) -> list[slice]:
+    """The batch in equal chunks whose memories take at most `_CHUNK_BYTES` each, or whole
+    where all of them take at most `_SPLIT_BYTES`. A step walks every batch element's memory
+    (and writes the next): when that no longer stays in cache from one step to the next, the
+    batch runs faster in pieces (docs/speed.md has the measurements that set the sizes)."""
+    if batch * memory_bytes <= _SPLIT_BYTES:
+        return [slice(0, batch)]
+    pieces = -(-batch // max(1, _CHUNK_BYTES // memory_bytes))
+    size = -(-batch // pieces)
+    return [slice(b, min(b + size, batch)) for b in range(0, batch, size)]
+
+
+def _sequence(cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write, reads,
+              weights, biases, h0, c0) -> tuple:
+    """One library call over a batch: ``(hs, reads, memory, w_read, w_write, *controller)``,
+    differentiable where gradients are enabled and some input requires them."""
+    inputs = (xpre, wp, bp, memory, w_read, w_write, reads, *weights, *biases, *h0, *c0)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        return _NativeSequence.apply(cfg, tiny, *inputs)
+    h, c = _initial_controller(cfg, (*h0, *c0), memory)
+    buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write, reads,
+                       h, c, keep=False)
+    last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
+    controller = (buf.h[last], buf.c[last]) if cfg.lstm else ()
+    return (buf.hs, buf.reads, buf.mem[last], buf.wr[last], buf.ww[last], *controller)
+
+
+_FREED: dict = {}  # "asked": the first call has called `keep_freed_memory` (or was told not to)
+
+
+def forward(model: NTM, x: Tensor, state: NTMState) -> tuple[Tensor, NTMState]:
+    """``model(x, state)`` by the native engine, time-major: ``x [T, B, input_size]`` (checked
+    by the model) -> ``(logits [T, B, output_size], final state)``. Inputs are made contiguous
+    here, once, as the library reads them by address. The first call in a process also calls
+    `keep_freed_memory` unless ``TORCH_NTM_KEEP_FREED_MEMORY=0``."""
+    if not _FREED:
+        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
+        if _FREED["asked"]:
+            keep_freed_memory()
+    plan = _plan(model, x.device)
+    cfg = plan.cfg
+    xpre, weights, biases, wp, bp = _parameters(plan, model, x)
+    wp, bp = wp.contiguous(), bp.contiguous()
+    weights, biases = [w.contiguous() for w in weights], [b.contiguous() for b in biases]
+    tiny = torch.finfo(x.dtype).tiny
+    memory = state.memory.transpose(1, 2)  # [B, M, N]: a row's M entries strided by N
+    pieces = []
+    for part in _chunks(x.shape[1], memory[0].numel() * memory.element_size()):
+        h0 = list(state.controller[0][:, part].unbind(0)) if cfg.lstm else []
+        c0 = list(state.controller[1][:, part].unbind(0)) if cfg.lstm else []
+        pieces.append(_sequence(
+            cfg, tiny, xpre[:, part].contiguous(), wp, bp, memory[part],
+            state.read_weights[part], state.write_weights[part],
+            state.reads[part].contiguous(), weights, biases, h0, c0))
+    if len(pieces) == 1:
+        out = pieces[0]
+    else:  # batch is dim 1 of the steps' outputs and the controller's state, else dim 0
+        dims = (1, 1, 0, 0, 0, 1, 1)
+        out = [torch.cat(parts, dim) for parts, dim in zip(zip(*pieces), dims)]
+    hs, reads, memory, w_read, w_write = out[:5]
+    logits = model.output(torch.cat([hs, reads.flatten(2)], dim=-1))
+    return logits, NTMState(tuple(out[5:]), memory.transpose(1, 2), w_read, w_write, reads[-1])
