@@ -115,10 +115,14 @@ def test_batch_first_equals_time_major(fn):
 
 
 def test_float_mask_is_treated_as_nonzero():
+    # Values other than 0 and 1 (and a negative one) tell "nonzero scores the step" from "the
+    # mask weighs the step", which a 0/1 mask cannot: as weights they would scale each step.
     logits, targets, mask = _random_case(seed=9)
-    torch.testing.assert_close(
-        masked_bce(logits, targets, mask.double()), masked_bce(logits, targets, mask)
-    )
+    weights = torch.tensor([0.25, 3.0, -2.0]).repeat(mask.shape[0], 1)
+    float_mask = mask.double() * weights
+    assert (float_mask != 0).equal(mask) and float_mask.abs().ne(1).any()
+    for fn in (masked_bce, cost_bits, bit_errors):
+        torch.testing.assert_close(fn(logits, targets, float_mask), fn(logits, targets, mask))
 
 
 @pytest.mark.parametrize("fn", [masked_bce, cost_bits, bit_errors])
