@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_ntm import functional as ntmf
+from torch_ntm.engines import mann as _native
 from torch_ntm.layout import NTMState
 from torch_ntm.model import (
     MEMORY_INIT_CONSTANT,
@@ -50,8 +51,10 @@ __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VEC
 # "eager" is the loop of `MANNCell` steps; "compiled", when gradients are recorded, runs the input
 # side of the LSTM for all steps as one matrix product and the rest in chunks of
 # `COMPILED_CHUNK` steps, each chunk one `torch.compile` graph, forward and backward (about 2x the
-# eager loop's training episodes/s on this CPU; under ``no_grad`` it runs the eager loop).
-ENGINES = ("eager", "compiled")
+# eager loop's training episodes/s on this CPU; under ``no_grad`` it runs the eager loop);
+# "native" runs the whole sequence, forward and backward, as one C++ call each
+# (`torch_ntm.engines.mann`), on the CPU in float32 and float64, with and without gradients.
+ENGINES = ("eager", "compiled", "native")
 COMPILED_CHUNK = 10
 
 # What a write head adds to memory. "add": its own add vector a_h = tanh(W h_t) (an NTM-style
@@ -148,9 +151,7 @@ class _MANNBase(nn.Module):
                                    usage_decay, write_vector, learned_beta).checked()
 
         h, m = self.read_heads, self.memory_width
-        # Each head's fields, in this order: key (M), alpha (1)[, add (M)][, beta (1)].
-        self._fields = [m, 1] + ([m] if write_vector == "add" else []) + (
-            [1] if learned_beta else [])
+        self._fields = list(self.head_fields.values())
         self.controller = LSTMController(input_size + h * m, controller_size, 1, **factory)
         self.head_params = nn.Linear(controller_size, h * sum(self._fields), **factory)
         self.output = nn.Linear(controller_size + h * m, output_size, **factory)
@@ -170,6 +171,15 @@ class _MANNBase(nn.Module):
         """The constructor arguments (sizes and options) that rebuild this module's shape."""
         return {"input_size": self.input_size, "output_size": self.output_size,
                 **dataclasses.asdict(self.options)}
+
+    @property
+    def head_fields(self) -> dict[str, int]:
+        """Each head's fields in the head layer's output, in order, name to width: ``key`` (M),
+        ``alpha`` (1), then ``add`` (M) if ``write_vector == "add"`` and ``beta`` (1) if
+        ``learned_beta``. Head h's fields are the h-th block of ``sum(widths)`` outputs."""
+        m = self.memory_width
+        return {"key": m, "alpha": 1, **({"add": m} if self.write_vector == "add" else {}),
+                **({"beta": 1} if self.learned_beta else {})}
 
     @property
     def _ref(self) -> Tensor:
@@ -299,12 +309,14 @@ class MANN(_MANNBase):
         learned_beta: False (default) reads with beta = 1, the paper's softmax of cosine
             similarities; True lets each read head emit a key strength ``softplus(.)``.
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
-        engine: how `forward` runs (the same function on both, to float rounding; see
+        engine: how `forward` runs (the same function on each, to float rounding; see
             `ENGINES`): ``"eager"`` (default), the loop of steps; ``"compiled"``, for training,
             the LSTM's input side for all steps in one matrix product and the rest in
             `torch.compile` graphs of `COMPILED_CHUNK` steps (compiled once per process and size,
             about 1.5 minutes cold, seconds from torch's disk cache); without gradients it runs
-            the eager loop. May be changed on a built module by assigning ``mann.engine``.
+            the eager loop; ``"native"``, the sequence forward and backward as one C++ call each
+            (`torch_ntm.engines.mann`; on the CPU in float32 or float64, else the eager loop).
+            May be changed on a built module by assigning ``mann.engine``.
         device, dtype: of the parameters.
 
     Memory starts at a small constant for every call without a state; ``forward(x, state)``
@@ -374,6 +386,8 @@ class MANN(_MANNBase):
         if (self.engine == "compiled" and torch.is_grad_enabled()
                 and not _eager_only()):
             y, state = self._forward_compiled(x, state)
+        elif self.engine == "native" and not _eager_only() and _native.runs_native(x):
+            y, state = _native.forward(self, x, state)
         else:
             outputs = []
             for x_t in x:
