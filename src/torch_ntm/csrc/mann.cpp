@@ -78,12 +78,12 @@ inline void store_n(const Vec<F>& v, F* p, int64_t n) {
   }
 }
 
-// act (P, raw's layout): key and add tanh, alpha's slot sigmoid(alpha), beta's softplus(beta).
+// act (P, raw's layout): key and add tanh, alpha's slot sigmoid(alpha), beta's softplus(beta):
+// tanh over all P outputs in one run, then the 1 or 2 scalars per head replaced.
 template <typename F>
 void activate(const Cfg& c, const F* raw, F* act) {
+  map1(act, raw, c.P, [](Vec<F> x) { return x.tanh(); });
   for (int64_t k = 0; k < c.H; ++k) {
-    map1(act + c.key(k), raw + c.key(k), c.M, [](Vec<F> x) { return x.tanh(); });
-    if (c.o_add >= 0) map1(act + c.add(k), raw + c.add(k), c.M, [](Vec<F> x) { return x.tanh(); });
     act[c.alpha(k)] = sigmoid(raw[c.alpha(k)]);
     if (c.o_beta >= 0) act[c.beta(k)] = softplus(raw[c.beta(k)]);
   }
@@ -102,30 +102,59 @@ inline bool before(F a, int64_t i, F b, int64_t j) {
   return a < b || (a == b && i < j);
 }
 
-// functional.least_used: lu [N] 1 at the first H rows of the stable sort of usage, else 0.
+// functional.least_used: lu [N] 1 at the first H rows of the stable sort of usage, else 0. One
+// scan keeps the H first rows so far in order (best[0..H)); a later row enters only if it comes
+// strictly before the last of them (on a tie the earlier row stays ahead), which a vector compare
+// against that row's usage rules out for most rows at once.
 template <typename F>
 void least_used(const F* usage, int64_t N, int64_t H, F* lu) {
-  std::fill(lu, lu + N, F(0));
-  int64_t prev = -1;
-  for (int64_t h = 0; h < H; ++h) {
-    int64_t best = -1;
-    for (int64_t i = 0; i < N; ++i) {
-      if (prev >= 0 && !before(usage[prev], prev, usage[i], i)) continue;
-      if (best < 0 || before(usage[i], i, usage[best], best)) best = i;
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  int64_t few[8];
+  std::vector<int64_t> many(H > 8 ? H : 0);
+  int64_t* best = H > 8 ? many.data() : few;
+  int64_t count = 0;
+  auto offer = [&](int64_t i) {  // row i, after every row in best
+    if (count == H && !before(usage[i], i, usage[best[H - 1]], best[H - 1])) return;
+    int64_t pos = count < H ? count++ : H - 1;
+    while (pos > 0 && before(usage[i], i, usage[best[pos - 1]], best[pos - 1])) {
+      best[pos] = best[pos - 1];
+      --pos;
     }
-    lu[best] = F(1);
-    prev = best;
+    best[pos] = i;
+  };
+  int64_t i = 0;
+  for (; i < std::min(H, N); ++i) offer(i);
+  for (; i + W <= N; i += W) {
+    const F worst = usage[best[H - 1]];
+    if (!std::isnan(worst)) {  // else every number comes first: row by row
+      const V below = V::loadu(usage + i) < V(worst);  // NaN lanes: false
+      F lanes[W];
+      below.store(lanes);
+      bool any = false;
+      for (int64_t l = 0; l < W; ++l) any |= lanes[l] != F(0);
+      if (!any) continue;
+    }
+    for (int64_t l = i; l < i + W; ++l) offer(l);
   }
+  for (; i < N; ++i) offer(i);
+  std::fill(lu, lu + N, F(0));
+  for (int64_t h = 0; h < H; ++h) lu[best[h]] = F(1);
 }
 
 // torch.argmin: the first minimum (the first NaN if any).
 template <typename F>
 int64_t argmin(const F* u, int64_t N) {
-  int64_t best = 0;
-  for (int64_t i = 1; i < N && !std::isnan(u[best]); ++i) {
-    if (std::isnan(u[i]) || u[i] < u[best]) best = i;
+  F low = u[0];
+  bool nan = std::isnan(low);
+  for (int64_t i = 1; i < N; ++i) {
+    low = u[i] < low ? u[i] : low;
+    nan |= std::isnan(u[i]);
   }
-  return best;
+  for (int64_t i = 0; i < N; ++i) {
+    if (nan ? std::isnan(u[i]) : u[i] == low) return i;
+  }
+  return 0;
 }
 
 // The write weights ww [H, N] = lu + g (wr_prev - lu), g = sigmoid(alpha), and keep [N]: 1 but
@@ -150,78 +179,174 @@ void write_weights(const Cfg& c, const F* act, const F* wr_prev, const F* lu, co
 // ------------------------------------------------------------------------------------------------
 
 // One pass over the rows: mem[j] = mem_prev[j] keep + sum_k add_k[j] ww_k (functional.lrua_write),
-// msq = the new rows' squared norms, and for the first KH heads dots[k] = sum_j key_k[j] mem[j]
-// (the cosine numerators); a vector of rows at a time, its sums kept in registers over the M
-// columns.
+// msq = the new rows' squared norms, and dots[k] = sum_j key_k[j] mem[j] (the cosine numerators),
+// for KH = H <= 4 heads; a vector of rows at a time, its sums kept in registers over the M
+// columns. coef [M, 2 KH]: add_k[j] and key_k[j] by row, so that one row's are adjacent.
 template <typename F, int KH>
-void write_pass(const Cfg& c, const F* act, const F* ww, const F* keep, const F* mem_prev, F* mem,
-                F* msq, F* dots) {
+void write_pass(const Cfg& c, const F* coef, const F* ww, const F* keep, const F* mem_prev,
+                F* mem, F* msq, F* dots) {
   using V = Vec<F>;
-  const int64_t M = c.M, N = c.N, H = c.H;
-  for (int64_t i = 0; i < N; i += V::size()) {
-    const int64_t n = std::min<int64_t>(V::size(), N - i);
-    const V kp = load_n(keep + i, n);
-    V sq(F(0));
-    V d[KH > 0 ? KH : 1];
-    for (int k = 0; k < KH; ++k) d[k] = V(F(0));
-    for (int64_t j = 0; j < M; ++j) {
-      V row = load_n(mem_prev + j * N + i, n) * kp;
-      for (int64_t k = 0; k < H; ++k) {
-        row = at::vec::fmadd(V(act[c.add(k) + j]), load_n(ww + k * N + i, n), row);
-      }
-      store_n(row, mem + j * N + i, n);
-      sq = at::vec::fmadd(row, row, sq);
-      for (int k = 0; k < KH; ++k) d[k] = at::vec::fmadd(V(act[c.key(k) + j]), row, d[k]);
+  const int64_t M = c.M, N = c.N;
+  auto block = [&](int64_t i, auto load, auto store) {
+    const V kp = load(keep + i);
+    V w[KH], d[KH];
+    for (int k = 0; k < KH; ++k) {
+      w[k] = load(ww + k * N + i);
+      d[k] = V(F(0));
     }
-    store_n(sq, msq + i, n);
-    for (int k = 0; k < KH; ++k) store_n(d[k], dots + k * N + i, n);
+    V sq(F(0));
+    for (int64_t j = 0; j < M; ++j) {
+      const F* cj = coef + j * 2 * KH;
+      V row = load(mem_prev + j * N + i) * kp;
+      for (int k = 0; k < KH; ++k) row = at::vec::fmadd(V(cj[k]), w[k], row);
+      store(row, mem + j * N + i);
+      sq = at::vec::fmadd(row, row, sq);
+      for (int k = 0; k < KH; ++k) d[k] = at::vec::fmadd(V(cj[KH + k]), row, d[k]);
+    }
+    store(sq, msq + i);
+    for (int k = 0; k < KH; ++k) store(d[k], dots + k * N + i);
+  };
+  int64_t i = 0;
+  for (; i + V::size() <= N; i += V::size()) {
+    block(i, [](const F* p) { return V::loadu(p); }, [](const V& v, F* p) { v.store(p); });
+  }
+  if (i < N) {
+    const int64_t n = N - i;
+    block(i, [n](const F* p) { return V::loadu(p, n); }, [n](const V& v, F* p) { v.store(p, n); });
+  }
+}
+
+// The same for any number of heads: the write and norms, then the numerators a head at a time.
+template <typename F>
+void write_pass_any(const Cfg& c, const F* act, const F* ww, const F* keep, const F* mem_prev,
+                    F* mem, F* msq, F* dots) {
+  const int64_t M = c.M, N = c.N;
+  std::fill(msq, msq + N, F(0));
+  for (int64_t j = 0; j < M; ++j) {
+    const F* prow = mem_prev + j * N;
+    F* row = mem + j * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) row[i] = prow[i] * keep[i];
+    for (int64_t k = 0; k < c.H; ++k) {
+      const F a = act[c.add(k) + j];
+      const F* w = ww + k * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) row[i] += a * w[i];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) msq[i] += row[i] * row[i];
+  }
+  for (int64_t k = 0; k < c.H; ++k) combine_rows(mem, act + c.key(k), M, N, dots + k * N, false);
+}
+
+// coef: scratch of 8 M.
+template <typename F>
+void write_and_dots(const Cfg& c, const F* act, const F* ww, const F* keep, const F* mem_prev,
+                    F* mem, F* msq, F* dots, F* coef) {
+  const int64_t H = c.H;
+  if (H <= 4) {
+    for (int64_t j = 0; j < c.M; ++j) {
+      for (int64_t k = 0; k < H; ++k) {
+        coef[j * 2 * H + k] = act[c.add(k) + j];
+        coef[j * 2 * H + H + k] = act[c.key(k) + j];
+      }
+    }
+  }
+  switch (H) {
+    case 1: return write_pass<F, 1>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    case 2: return write_pass<F, 2>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    case 3: return write_pass<F, 3>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    case 4: return write_pass<F, 4>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    default: return write_pass_any(c, act, ww, keep, mem_prev, mem, msq, dots);
+  }
+}
+
+// The sum of a vector's lanes: a tree of shuffles where the instruction set has one (a loop of
+// dependent scalar adds costs several times more in the per-row dot products below).
+template <typename F>
+inline F hsum(const Vec<F>& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<F, float>) {
+    return _mm512_reduce_add_ps(v);
+  } else {
+    return _mm512_reduce_add_pd(v);
+  }
+#else
+  return at::vec::vec_reduce_all<F>([](Vec<F> a, Vec<F> b) { return a + b; }, v);
+#endif
+}
+
+// reads[k][j] = wr[k] . mem[j] for KH heads, all M rows: one pass over the rows, each row's
+// products with the KH weightings in registers.
+template <typename F, int KH>
+void read_rows(const Cfg& c, const F* wr, const F* mem, F* reads) {
+  using V = Vec<F>;
+  const int64_t M = c.M, N = c.N;
+  for (int64_t j = 0; j < M; ++j) {
+    const F* row = mem + j * N;
+    V acc[KH];
+    for (int k = 0; k < KH; ++k) acc[k] = V(F(0));
+    for (int64_t i = 0; i < N; i += V::size()) {
+      const int64_t n = std::min<int64_t>(V::size(), N - i);
+      const V x = load_n(row + i, n);
+      for (int k = 0; k < KH; ++k) acc[k] = at::vec::fmadd(load_n(wr + k * N + i, n), x, acc[k]);
+    }
+    for (int k = 0; k < KH; ++k) reads[k * M + j] = hsum(acc[k]);
   }
 }
 
 template <typename F>
-void write_and_dots(const Cfg& c, const F* act, const F* ww, const F* keep, const F* mem_prev,
-                    F* mem, F* msq, F* dots) {
-  switch (std::min<int64_t>(c.H, 4)) {
-    case 1: write_pass<F, 1>(c, act, ww, keep, mem_prev, mem, msq, dots); break;
-    case 2: write_pass<F, 2>(c, act, ww, keep, mem_prev, mem, msq, dots); break;
-    case 3: write_pass<F, 3>(c, act, ww, keep, mem_prev, mem, msq, dots); break;
-    default: write_pass<F, 4>(c, act, ww, keep, mem_prev, mem, msq, dots); break;
+void read_all(const Cfg& c, const F* wr, const F* mem, F* reads) {
+  switch (c.H) {
+    case 1: return read_rows<F, 1>(c, wr, mem, reads);
+    case 2: return read_rows<F, 2>(c, wr, mem, reads);
+    case 3: return read_rows<F, 3>(c, wr, mem, reads);
+    case 4: return read_rows<F, 4>(c, wr, mem, reads);
+    default:
+      for (int64_t k = 0; k < c.H; ++k) {
+        for (int64_t j = 0; j < c.M; ++j) reads[k * c.M + j] = dot(wr + k * c.N, mem + j * c.N, c.N);
+      }
   }
-  for (int64_t k = 4; k < c.H; ++k) {  // more than 4 heads: the others' numerators after it
-    combine_rows(mem, act + c.key(k), c.M, c.N, dots + k * c.N, false);
-  }
+}
+
+// inv[i] = 1 / sqrt(msq[i] + EPS), each row's factor of its cosine similarities.
+template <typename F>
+void inverse_norms(const F* msq, int64_t N, F* inv) {
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) inv[i] = F(1) / std::sqrt(msq[i] + F(kEps));
 }
 
 // One batch element's step after the head layer: write (into mem, msq), address (cos, wr), read,
-// usage and least used. act [P], ww [H, N], keep [N]: scratch.
+// usage and least used. act [P], ww [H, N], keep, inv [N], coef [8 M]: scratch.
 template <typename F>
 void memory_step(const Cfg& c, const F* raw, const F* mem_prev, const F* usage_prev,
                  const F* wr_prev, const F* lu_prev, F* mem, F* msq, F* usage, F* wr, F* lu,
-                 F* reads, F* cos, F* act, F* ww, F* keep) {
+                 F* reads, F* cos, F* act, F* ww, F* keep, F* inv, F* coef) {
   const int64_t M = c.M, N = c.N, H = c.H;
   activate(c, raw, act);
   write_weights(c, act, wr_prev, lu_prev, usage_prev, ww, keep);
-  write_and_dots(c, act, ww, keep, mem_prev, mem, msq, cos);
+  write_and_dots(c, act, ww, keep, mem_prev, mem, msq, cos, coef);
+  inverse_norms(msq, N, inv);
   for (int64_t k = 0; k < H; ++k) {  // functional.content_weights
     const F* key = act + c.key(k);
-    const F kq = dot(key, key, M) + F(kEps);
+    const F ik = F(1) / std::sqrt(dot(key, key, M) + F(kEps));
     const F beta = beta_of(c, act, k);
     F* ck = cos + k * N;
     F* w = wr + k * N;
 #pragma omp simd
     for (int64_t i = 0; i < N; ++i) {
-      ck[i] = ck[i] / std::sqrt(kq * (msq[i] + F(kEps)));
+      ck[i] *= ik * inv[i];
       w[i] = beta * ck[i];
     }
     const F mx = max_of(w, N, -std::numeric_limits<F>::infinity());
 #pragma omp simd
     for (int64_t i = 0; i < N; ++i) w[i] -= mx;
     map1(w, w, N, [](Vec<F> v) { return v.exp(); });
-    const F inv = F(1) / sum(w, N);
+    const F total = F(1) / sum(w, N);
 #pragma omp simd
-    for (int64_t i = 0; i < N; ++i) w[i] *= inv;
-    for (int64_t j = 0; j < M; ++j) reads[k * M + j] = dot(w, mem + j * N, N);
+    for (int64_t i = 0; i < N; ++i) w[i] *= total;
   }
+  read_all(c, wr, mem, reads);
   const F gamma = F(c.gamma);
 #pragma omp simd
   for (int64_t i = 0; i < N; ++i) usage[i] = gamma * usage_prev[i];
@@ -242,60 +367,56 @@ void memory_step(const Cfg& c, const F* raw, const F* mem_prev, const F* usage_p
 // Backward of one batch element's memory step.
 // ------------------------------------------------------------------------------------------------
 
-// From the gradients of this step's reads (dreads [H, M]) and of its state (dmem [M, N],
-// dusage [N], dwr [H, N]), those of the previous state, in place (dmem, dusage, dwr), of the
-// least-used rows it was given (dlu [N]) and of the head layer's output (draw [P]).
-// Scratch: act, dact [P], ww, dw, ddot [H, N], keep, dmsq [N].
-template <typename F>
-void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq, const F* cos,
-                          const F* usage_prev, const F* wr_prev, const F* lu_prev, const F* wr,
-                          const F* dreads, F* dmem, F* dusage, F* dwr, F* dlu, F* draw, F* act,
-                          F* dact, F* ww, F* dw, F* ddot, F* keep, F* dmsq) {
-  const int64_t M = c.M, N = c.N, H = c.H;
-  activate(c, raw, act);
-  write_weights(c, act, wr_prev, lu_prev, usage_prev, ww, keep);
-  std::fill(dact, dact + c.P, F(0));
-  // The read weightings' gradient: carried, from the usage, and from the reads.
-  for (int64_t k = 0; k < H; ++k) {
-    F* d = dw + k * N;
-    const F* dk = dwr + k * N;
-#pragma omp simd
-    for (int64_t i = 0; i < N; ++i) d[i] = dk[i] + dusage[i];
-    combine_rows(mem, dreads + k * M, M, N, d, true);
-  }
-  // Softmax and cosine backward: ddot [H, N] of the numerators, dmsq, and d|key|^2 per head.
-  std::fill(dmsq, dmsq + N, F(0));
-  F dksq[64];
-  std::vector<F> dksq_many(H > 64 ? H : 0);
-  F* dkq = H > 64 ? dksq_many.data() : dksq;
-  for (int64_t k = 0; k < H; ++k) {
-    const F* key = act + c.key(k);
-    const F kq = dot(key, key, M) + F(kEps);
-    const F beta = beta_of(c, act, k);
-    const F* w = wr + k * N;
-    const F* d = dw + k * N;
-    const F* ck = cos + k * N;
-    F* dd = ddot + k * N;
-    const F inner = dot(w, d, N);
-    F db = 0, tk = 0;
-#pragma omp simd reduction(+ : db, tk)
-    for (int64_t i = 0; i < N; ++i) {
-      const F dz = w[i] * (d[i] - inner);
-      db += dz * ck[i];
-      const F dcos = dz * beta;
-      const F mq = msq[i] + F(kEps);
-      dd[i] = dcos / std::sqrt(kq * mq);
-      const F t = dcos * ck[i];
-      tk += t;
-      dmsq[i] += F(-0.5) * t / mq;
+// The pass over the rows j of mem (the memory this step wrote) that its backward makes: the
+// gradient of mem[j], drow = dmem[j] (carried) + 2 mem[j] dmsq + sum_k (dreads_k[j] wr_k +
+// key_k[j] ddot_k); then d key_k[j] += ddot_k . mem[j] + 2 key_k[j] dkq_k, d add_k[j] += ww_k .
+// drow, dww_k += add_k[j] drow, and dmem[j] = drow keep (the gradient of mem_prev[j]), in place.
+// KH = H heads, their vectors in registers over one row.
+template <typename F, int KH>
+void rows_backward(const Cfg& c, const F* mem, const F* act, const F* wr, const F* ddot,
+                   const F* ww, const F* dkq, const F* dmsq, const F* keep, const F* dreads,
+                   F* dmem, F* dww, F* dact) {
+  using V = Vec<F>;
+  const int64_t M = c.M, N = c.N;
+  for (int64_t j = 0; j < M; ++j) {
+    const F* row = mem + j * N;
+    F* drow = dmem + j * N;
+    V r[KH], kj[KH], a[KH], acc_key[KH], acc_add[KH];
+    for (int k = 0; k < KH; ++k) {
+      r[k] = V(dreads[k * M + j]);
+      kj[k] = V(act[c.key(k) + j]);
+      a[k] = V(act[c.add(k) + j]);
+      acc_key[k] = acc_add[k] = V(F(0));
     }
-    if (c.o_beta >= 0) dact[c.beta(k)] = db;
-    dkq[k] = F(-0.5) * tk / kq;
+    for (int64_t i = 0; i < N; i += V::size()) {
+      const int64_t n = std::min<int64_t>(V::size(), N - i);
+      const V x = load_n(row + i, n);
+      V d = at::vec::fmadd(V(F(2)) * x, load_n(dmsq + i, n), load_n(drow + i, n));
+      for (int k = 0; k < KH; ++k) {
+        const V dd = load_n(ddot + k * N + i, n);
+        acc_key[k] = at::vec::fmadd(dd, x, acc_key[k]);
+        d = at::vec::fmadd(r[k], load_n(wr + k * N + i, n), d);
+        d = at::vec::fmadd(kj[k], dd, d);
+      }
+      for (int k = 0; k < KH; ++k) {
+        acc_add[k] = at::vec::fmadd(load_n(ww + k * N + i, n), d, acc_add[k]);
+        store_n(at::vec::fmadd(a[k], d, load_n(dww + k * N + i, n)), dww + k * N + i, n);
+      }
+      store_n(d * load_n(keep + i, n), drow + i, n);
+    }
+    for (int k = 0; k < KH; ++k) {
+      dact[c.key(k) + j] += hsum(acc_key[k]) + F(2) * act[c.key(k) + j] * dkq[k];
+      dact[c.add(k) + j] += hsum(acc_add[k]);
+    }
   }
-  // One pass over the rows: the gradient of mem (carried, from the reads, the cosine numerators
-  // and the norms), then of the keys, the adds, the write weights, and mem_prev (in place).
-  F* dww = dw;  // the read weightings' gradients are used up: now the write weights'
-  std::fill(dww, dww + H * N, F(0));
+}
+
+// The same for any number of heads, a head at a time.
+template <typename F>
+void rows_backward_any(const Cfg& c, const F* mem, const F* act, const F* wr, const F* ddot,
+                       const F* ww, const F* dkq, const F* dmsq, const F* keep, const F* dreads,
+                       F* dmem, F* dww, F* dact) {
+  const int64_t M = c.M, N = c.N, H = c.H;
   for (int64_t j = 0; j < M; ++j) {
     const F* row = mem + j * N;
     F* drow = dmem + j * N;
@@ -321,6 +442,69 @@ void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq
 #pragma omp simd
     for (int64_t i = 0; i < N; ++i) drow[i] *= keep[i];
   }
+}
+
+// From the gradients of this step's reads (dreads [H, M]) and of its state (dmem [M, N],
+// dusage [N], dwr [H, N]), those of the previous state, in place (dmem, dusage, dwr), of the
+// least-used rows it was given (dlu [N]) and of the head layer's output (draw [P]).
+// Scratch: act, dact [P], ww, dw, ddot [H, N], keep, inv, dmsq [N].
+template <typename F>
+void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq, const F* cos,
+                          const F* usage_prev, const F* wr_prev, const F* lu_prev, const F* wr,
+                          const F* dreads, F* dmem, F* dusage, F* dwr, F* dlu, F* draw, F* act,
+                          F* dact, F* ww, F* dw, F* ddot, F* keep, F* inv, F* dmsq) {
+  const int64_t M = c.M, N = c.N, H = c.H;
+  activate(c, raw, act);
+  write_weights(c, act, wr_prev, lu_prev, usage_prev, ww, keep);
+  std::fill(dact, dact + c.P, F(0));
+  // The read weightings' gradient: carried, from the usage, and from the reads.
+  for (int64_t k = 0; k < H; ++k) {
+    F* d = dw + k * N;
+    const F* dk = dwr + k * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) d[i] = dk[i] + dusage[i];
+    combine_rows(mem, dreads + k * M, M, N, d, true);
+  }
+  // Softmax and cosine backward: ddot [H, N] of the numerators, dmsq, and d|key|^2 per head.
+  inverse_norms(msq, N, inv);
+  std::fill(dmsq, dmsq + N, F(0));
+  F dkq_few[8];
+  std::vector<F> dkq_many(H > 8 ? H : 0);
+  F* dkq = H > 8 ? dkq_many.data() : dkq_few;
+  for (int64_t k = 0; k < H; ++k) {
+    const F* key = act + c.key(k);
+    const F kq = dot(key, key, M) + F(kEps);
+    const F ik = F(1) / std::sqrt(kq);
+    const F beta = beta_of(c, act, k);
+    const F* w = wr + k * N;
+    const F* d = dw + k * N;
+    const F* ck = cos + k * N;
+    F* dd = ddot + k * N;
+    const F inner = dot(w, d, N);
+    F db = 0, tk = 0;
+#pragma omp simd reduction(+ : db, tk)
+    for (int64_t i = 0; i < N; ++i) {
+      const F dz = w[i] * (d[i] - inner);
+      db += dz * ck[i];
+      const F dcos = dz * beta;
+      dd[i] = dcos * ik * inv[i];
+      const F t = dcos * ck[i];
+      tk += t;
+      dmsq[i] += F(-0.5) * t * inv[i] * inv[i];
+    }
+    if (c.o_beta >= 0) dact[c.beta(k)] = db;
+    dkq[k] = F(-0.5) * tk / kq;
+  }
+  // One pass over the rows (rows_backward); dw now collects the write weights' gradient.
+  F* dww = dw;
+  std::fill(dww, dww + H * N, F(0));
+  switch (H) {
+    case 1: rows_backward<F, 1>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    case 2: rows_backward<F, 2>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    case 3: rows_backward<F, 3>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    case 4: rows_backward<F, 4>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    default: rows_backward_any(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact);
+  }
   // The write weights: from the write and the usage; then alpha, wr_prev and lu_prev.
   std::fill(dlu, dlu + N, F(0));
   for (int64_t k = 0; k < H; ++k) {
@@ -341,17 +525,14 @@ void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq
   const F gamma = F(c.gamma);
 #pragma omp simd
   for (int64_t i = 0; i < N; ++i) dusage[i] *= gamma;
-  // The activations backward.
+  // The activations backward (where the key is written, dact's key slots hold both gradients).
   for (int64_t k = 0; k < H; ++k) {
     for (int64_t j = 0; j < M; ++j) {
       const int64_t pk = c.key(k) + j;
-      const F key = act[pk];
+      draw[pk] = dact[pk] * (F(1) - act[pk] * act[pk]);
       if (c.o_add >= 0) {
         const int64_t pa = c.add(k) + j;
         draw[pa] = dact[pa] * (F(1) - act[pa] * act[pa]);
-        draw[pk] = dact[pk] * (F(1) - key * key);
-      } else {  // the key is written too: dact[pk] holds both gradients
-        draw[pk] = dact[pk] * (F(1) - key * key);
       }
     }
     const F g = act[c.alpha(k)];
@@ -403,11 +584,12 @@ void forward(const View<F>& v, const Params<F>& p) {
     F* rd = v.reads(t);
     F* cs = v.cos(st);
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
-      std::vector<F> act(c.P), ww(H * N), keep(N);
+      std::vector<F> act(c.P), ww(H * N), keep(N), inv(N), coef(8 * M);
       for (int64_t b = begin; b < end; ++b) {
         memory_step(c, raw + b * c.P, mp + b * M * N, up + b * N, wrp + b * H * N, lp + b * N,
                     mn + b * M * N, qn + b * N, un + b * N, wrn + b * H * N, ln + b * N,
-                    rd + b * H * M, cs + b * H * N, act.data(), ww.data(), keep.data());
+                    rd + b * H * M, cs + b * H * N, act.data(), ww.data(), keep.data(),
+                    inv.data(), coef.data());
       }
     });
   }
@@ -443,14 +625,15 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
     const F* cs = v.cos(t);
     F* drw = draw + t * B * c.P;
     at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
-      std::vector<F> act(c.P), dact(c.P), ww(H * N), dw(H * N), ddot(H * N), keep(N), dmsq(N);
+      std::vector<F> act(c.P), dact(c.P), ww(H * N), dw(H * N), ddot(H * N), keep(N), inv(N),
+          dmsq(N);
       for (int64_t b = begin; b < end; ++b) {
         memory_step_backward(c, raw + b * c.P, mn + b * M * N, qn + b * N, cs + b * H * N,
                              up + b * N, wrp + b * H * N, lp + b * N, wrn + b * H * N,
                              dr.data() + b * H * M, g.dmem + b * M * N, g.dusage + b * N,
                              g.dwr + b * H * N, g.dlu + b * N, drw + b * c.P, act.data(),
                              dact.data(), ww.data(), dw.data(), ddot.data(), keep.data(),
-                             dmsq.data());
+                             inv.data(), dmsq.data());
       }
     });
     // h_t feeds the outputs, the head layer and the next step's gates.
