@@ -127,14 +127,18 @@ def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read,
     """All steps, from the state as `_Sequence.forward` takes it (memory ``[B, N, M]``)."""
     steps, batch = xpre.shape[:2]
     buf = _buffers(cfg, steps, batch, xpre, keep)
+    # where every step's memory is kept, the steps compute in two slots of work (mann.cpp)
+    work = xpre.new_empty(2, *buf.mem.shape[1:]) if keep else buf.mem
     with torch.no_grad():
         buf.cell[0].copy_(c0)
-        buf.mem[0].copy_(memory.transpose(1, 2))
+        work[0].copy_(memory.transpose(1, 2))
+        if keep:
+            buf.mem[0].copy_(work[0])
         buf.usage[0].copy_(usage)
         buf.wr[0].copy_(w_read)
         buf.lu[0].copy_(least_used)
     library.call("torch_ntm_mann_forward", xpre.dtype, cfg.sizes(steps, batch, keep),
-                 [cfg.decay], [*_data(xpre, wrh, wp, bp, h0, reads), *_data(*buf)])
+                 [cfg.decay], [*_data(xpre, wrh, wp, bp, h0, reads, work), *_data(*buf)])
     return buf
 
 
