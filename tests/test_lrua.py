@@ -543,9 +543,9 @@ def test_compiled_engine_runs_the_eager_loop_without_gradients():
     with torch.no_grad():  # bitwise the eager loop: no graph compiled, nothing reassociated
         assert torch.equal(compiled(x)[0], eager(x)[0])
     assert "engine='compiled'" in repr(compiled) and "engine" not in compiled.config()
-    with pytest.raises(ValueError, match="unknown engine 'native'; valid choices: compiled, "
-                                         "eager"):
-        compiled.engine = "native"
+    with pytest.raises(ValueError, match="unknown engine 'fast'; valid choices: compiled, "
+                                         "eager, native"):
+        compiled.engine = "fast"
 
 
 def test_batch_first_equals_time_major_transposed():
