@@ -31,6 +31,7 @@ from torch import Tensor, nn
 
 from torch_ntm import engines
 from torch_ntm import functional as ntmf
+from torch_ntm.engines import mann as native
 from torch_ntm.layout import NTMState
 from torch_ntm.model import (
     MEMORY_INIT_CONSTANT,
@@ -143,9 +144,7 @@ class _MANNBase(nn.Module):
                                    usage_decay, write_vector, learned_beta).checked()
 
         h, m = self.read_heads, self.memory_width
-        # Each head's fields, in this order: key (M), alpha (1)[, add (M)][, beta (1)].
-        self._fields = [m, 1] + ([m] if write_vector == "add" else []) + (
-            [1] if learned_beta else [])
+        self._fields = list(self.head_fields.values())
         self.controller = LSTMController(input_size + h * m, controller_size, 1, **factory)
         self.head_params = nn.Linear(controller_size, h * sum(self._fields), **factory)
         self.output = nn.Linear(controller_size + h * m, output_size, **factory)
@@ -165,6 +164,15 @@ class _MANNBase(nn.Module):
         """The constructor arguments (sizes and options) that rebuild this module's shape."""
         return {"input_size": self.input_size, "output_size": self.output_size,
                 **dataclasses.asdict(self.options)}
+
+    @property
+    def head_fields(self) -> dict[str, int]:
+        """Each head's fields in the head layer's output, in order, name to width: ``key`` (M),
+        ``alpha`` (1), then ``add`` (M) if ``write_vector == "add"`` and ``beta`` (1) if
+        ``learned_beta``. Head h's fields are the h-th block of ``sum(widths)`` outputs."""
+        m = self.memory_width
+        return {"key": m, "alpha": 1, **({"add": m} if self.write_vector == "add" else {}),
+                **({"beta": 1} if self.learned_beta else {})}
 
     @property
     def _ref(self) -> Tensor:
@@ -363,8 +371,8 @@ class MANN(_MANNBase):
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:
             self._check_state(state, x.shape[1], x)
-        if engines.choose(self, x) == "native" and _native is not None:
-            y, state = _native.forward(self, x, state)
+        if engines.choose(self, x) == "native":
+            y, state = native.forward(self, x, state)
         else:
             outputs = []
             for x_t in x:
@@ -373,5 +381,3 @@ class MANN(_MANNBase):
             y = torch.stack(outputs)  # (T, B, output_size)
         return _one_dtype((y.transpose(0, 1) if self.batch_first else y), state, x)
 
-
-_native = None  # the MANN's native engine

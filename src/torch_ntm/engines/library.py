@@ -33,7 +33,7 @@ _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _LIBRARY: dict = {}  # "lib": the ctypes library, or "error": why there is none
 DTYPES = {torch.float32: 0, torch.float64: 1}  # the dtypes the kernels compute in, by C code
 # The modules whose `Description`s and kernels the library holds (each imports this one).
-_ENGINES = ("torch_ntm.engines.ntm",)
+_ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann")
 
 
 class Description(ctypes.Structure):

@@ -1,0 +1,782 @@
+// The MANN's native engine (engines/mann.py is its Python side): all T steps of
+// `torch_ntm.mann._MANNBase._step` forward, and backward in reverse, one C call each, on buffers
+// torch allocated. The controller's and the head layer's matmuls are `gemm` calls over the batch;
+// the rest of a step (head activations, the LRUA write weights, the write, cosine similarities,
+// softmax, reads, usage and the least-used rows) is vectorised loops over one batch element's
+// memory, kept transposed ([M, N] per batch element, so that loops over the N rows are
+// contiguous).
+//
+// Shapes: T steps, B batch, C controller units, H heads, memory N rows of width M, P = H Fw head
+// layer outputs, head k's fields at k Fw: key (M, tanh), alpha (1, sigmoid), add (M, tanh; absent
+// when the key is written), beta (1, softplus; absent when beta = 1).
+
+#include "calls.h"  // generated from engines/mann.py's MANNCall
+#include "common.h"
+
+#include <ATen/Parallel.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <stdexcept>
+#include <vector>
+
+namespace torch_ntm {
+namespace {
+namespace lrua {
+
+constexpr double kEps = 1e-8;  // functional.EPS
+
+struct Cfg {
+  int64_t T, B, C, H, M, N, P, Fw, o_alpha, o_add, o_beta;
+  bool keep_all;
+  double gamma;  // usage decay
+
+  int64_t G() const { return 4 * C; }
+  int64_t Z() const { return H * M + C; }  // the recurrent matmul's input [reads, h]
+  int64_t key(int64_t k) const { return k * Fw; }
+  int64_t alpha(int64_t k) const { return k * Fw + o_alpha; }
+  int64_t add(int64_t k) const { return k * Fw + (o_add < 0 ? 0 : o_add); }  // the key's if none
+  int64_t beta(int64_t k) const { return k * Fw + o_beta; }
+};
+
+// The buffers (engines/mann.py's `_Buffers`): per slot (T + 1 of state, or 2 for inference) or
+// per step (T, or 1 for inference; hs and reads always T).
+template <typename F>
+struct View {
+  Cfg c;
+  F *cell_, *mem_, *msq_, *usage_, *wr_, *lu_, *hs_, *reads_, *z_, *act_, *raw_, *cos_;
+
+  F* cell(int64_t s) const { return cell_ + s * c.B * c.C; }
+  F* mem(int64_t s) const { return mem_ + s * c.B * c.M * c.N; }
+  F* msq(int64_t s) const { return msq_ + s * c.B * c.N; }
+  F* usage(int64_t s) const { return usage_ + s * c.B * c.N; }
+  F* wr(int64_t s) const { return wr_ + s * c.B * c.H * c.N; }
+  F* lu(int64_t s) const { return lu_ + s * c.B * c.N; }
+  F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
+  F* reads(int64_t t) const { return reads_ + t * c.B * c.H * c.M; }
+  F* z(int64_t st) const { return z_ + st * c.B * c.Z(); }
+  F* act(int64_t st) const { return act_ + st * c.B * c.G(); }
+  F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
+  F* cos(int64_t st) const { return cos_ + st * c.B * c.H * c.N; }
+};
+
+// ------------------------------------------------------------------------------------------------
+// Small pieces: partial vectors, the heads' activations, the rows LRUA picks.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+inline Vec<F> load_n(const F* p, int64_t n) {
+  return n == Vec<F>::size() ? Vec<F>::loadu(p) : Vec<F>::loadu(p, n);
+}
+template <typename F>
+inline void store_n(const Vec<F>& v, F* p, int64_t n) {
+  if (n == Vec<F>::size()) {
+    v.store(p);
+  } else {
+    v.store(p, n);
+  }
+}
+
+// act (P, raw's layout): key and add tanh, alpha's slot sigmoid(alpha), beta's softplus(beta):
+// tanh over all P outputs in one run, then the 1 or 2 scalars per head replaced.
+template <typename F>
+void activate(const Cfg& c, const F* raw, F* act) {
+  map1(act, raw, c.P, [](Vec<F> x) { return x.tanh(); });
+  for (int64_t k = 0; k < c.H; ++k) {
+    act[c.alpha(k)] = sigmoid(raw[c.alpha(k)]);
+    if (c.o_beta >= 0) act[c.beta(k)] = softplus(raw[c.beta(k)]);
+  }
+}
+
+template <typename F>
+inline F beta_of(const Cfg& c, const F* act, int64_t k) {
+  return c.o_beta >= 0 ? act[c.beta(k)] : F(1);
+}
+
+// Whether (a, i) comes before (b, j) in torch's stable ascending sort (NaN after every number).
+template <typename F>
+inline bool before(F a, int64_t i, F b, int64_t j) {
+  if (std::isnan(a)) return std::isnan(b) && i < j;
+  if (std::isnan(b)) return true;
+  return a < b || (a == b && i < j);
+}
+
+// functional.least_used: lu [N] 1 at the first H rows of the stable sort of usage, else 0. One
+// scan keeps the H first rows so far in order (best[0..H)); a later row enters only if it comes
+// strictly before the last of them (on a tie the earlier row stays ahead), which a vector compare
+// against that row's usage rules out for most rows at once.
+template <typename F>
+void least_used(const F* usage, int64_t N, int64_t H, F* lu) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  int64_t few[8];
+  std::vector<int64_t> many(H > 8 ? H : 0);
+  int64_t* best = H > 8 ? many.data() : few;
+  int64_t count = 0;
+  auto offer = [&](int64_t i) {  // row i, after every row in best
+    if (count == H && !before(usage[i], i, usage[best[H - 1]], best[H - 1])) return;
+    int64_t pos = count < H ? count++ : H - 1;
+    while (pos > 0 && before(usage[i], i, usage[best[pos - 1]], best[pos - 1])) {
+      best[pos] = best[pos - 1];
+      --pos;
+    }
+    best[pos] = i;
+  };
+  int64_t i = 0;
+  for (; i < std::min(H, N); ++i) offer(i);
+  for (; i + W <= N; i += W) {
+    const F worst = usage[best[H - 1]];
+    if (!std::isnan(worst)) {  // else every number comes first: row by row
+      const V below = V::loadu(usage + i) < V(worst);  // NaN lanes: false
+      F lanes[W];
+      below.store(lanes);
+      bool any = false;
+      for (int64_t l = 0; l < W; ++l) any |= lanes[l] != F(0);
+      if (!any) continue;
+    }
+    for (int64_t l = i; l < i + W; ++l) offer(l);
+  }
+  for (; i < N; ++i) offer(i);
+  std::fill(lu, lu + N, F(0));
+  for (int64_t h = 0; h < H; ++h) lu[best[h]] = F(1);
+}
+
+// torch.argmin: the first minimum (the first NaN if any).
+template <typename F>
+int64_t argmin(const F* u, int64_t N) {
+  F low = u[0];
+  bool nan = std::isnan(low);
+  for (int64_t i = 1; i < N; ++i) {
+    low = u[i] < low ? u[i] : low;
+    nan |= std::isnan(u[i]);
+  }
+  for (int64_t i = 0; i < N; ++i) {
+    if (nan ? std::isnan(u[i]) : u[i] == low) return i;
+  }
+  return 0;
+}
+
+// The write weights ww [H, N] = lu + g (wr_prev - lu), g = sigmoid(alpha), and keep [N]: 1 but
+// 0 at the row zeroed, argmin usage_prev.
+template <typename F>
+void write_weights(const Cfg& c, const F* act, const F* wr_prev, const F* lu, const F* usage_prev,
+                   F* ww, F* keep) {
+  const int64_t N = c.N;
+  for (int64_t k = 0; k < c.H; ++k) {
+    const F g = act[c.alpha(k)];
+    const F* wp = wr_prev + k * N;
+    F* w = ww + k * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) w[i] = lu[i] + g * (wp[i] - lu[i]);
+  }
+  std::fill(keep, keep + N, F(1));
+  keep[argmin(usage_prev, N)] = F(0);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Forward of one batch element's memory step.
+// ------------------------------------------------------------------------------------------------
+
+// One pass over the rows: mem[j] = mem_prev[j] keep + sum_k add_k[j] ww_k (functional.lrua_write),
+// msq = the new rows' squared norms, and dots[k] = sum_j key_k[j] mem[j] (the cosine numerators),
+// for KH = H <= 4 heads; a vector of rows at a time, its sums kept in registers over the M
+// columns. coef [M, 2 KH]: add_k[j] and key_k[j] by row, so that one row's are adjacent.
+template <typename F, int KH>
+void write_pass(const Cfg& c, const F* coef, const F* ww, const F* keep, const F* mem_prev,
+                F* mem, F* msq, F* dots) {
+  using V = Vec<F>;
+  const int64_t M = c.M, N = c.N;
+  auto block = [&](int64_t i, auto load, auto store) {
+    const V kp = load(keep + i);
+    V w[KH], d[KH];
+    for (int k = 0; k < KH; ++k) {
+      w[k] = load(ww + k * N + i);
+      d[k] = V(F(0));
+    }
+    V sq(F(0));
+    for (int64_t j = 0; j < M; ++j) {
+      const F* cj = coef + j * 2 * KH;
+      V row = load(mem_prev + j * N + i) * kp;
+      for (int k = 0; k < KH; ++k) row = at::vec::fmadd(V(cj[k]), w[k], row);
+      store(row, mem + j * N + i);
+      sq = at::vec::fmadd(row, row, sq);
+      for (int k = 0; k < KH; ++k) d[k] = at::vec::fmadd(V(cj[KH + k]), row, d[k]);
+    }
+    store(sq, msq + i);
+    for (int k = 0; k < KH; ++k) store(d[k], dots + k * N + i);
+  };
+  int64_t i = 0;
+  for (; i + V::size() <= N; i += V::size()) {
+    block(i, [](const F* p) { return V::loadu(p); }, [](const V& v, F* p) { v.store(p); });
+  }
+  if (i < N) {
+    const int64_t n = N - i;
+    block(i, [n](const F* p) { return V::loadu(p, n); }, [n](const V& v, F* p) { v.store(p, n); });
+  }
+}
+
+// The same for any number of heads: the write and norms, then the numerators a head at a time.
+template <typename F>
+void write_pass_any(const Cfg& c, const F* act, const F* ww, const F* keep, const F* mem_prev,
+                    F* mem, F* msq, F* dots) {
+  const int64_t M = c.M, N = c.N;
+  std::fill(msq, msq + N, F(0));
+  for (int64_t j = 0; j < M; ++j) {
+    const F* prow = mem_prev + j * N;
+    F* row = mem + j * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) row[i] = prow[i] * keep[i];
+    for (int64_t k = 0; k < c.H; ++k) {
+      const F a = act[c.add(k) + j];
+      const F* w = ww + k * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) row[i] += a * w[i];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) msq[i] += row[i] * row[i];
+  }
+  for (int64_t k = 0; k < c.H; ++k) combine_rows(mem, act + c.key(k), M, N, dots + k * N, false);
+}
+
+// coef: scratch of 8 M.
+template <typename F>
+void write_and_dots(const Cfg& c, const F* act, const F* ww, const F* keep, const F* mem_prev,
+                    F* mem, F* msq, F* dots, F* coef) {
+  const int64_t H = c.H;
+  if (H <= 4) {
+    for (int64_t j = 0; j < c.M; ++j) {
+      for (int64_t k = 0; k < H; ++k) {
+        coef[j * 2 * H + k] = act[c.add(k) + j];
+        coef[j * 2 * H + H + k] = act[c.key(k) + j];
+      }
+    }
+  }
+  switch (H) {
+    case 1: return write_pass<F, 1>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    case 2: return write_pass<F, 2>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    case 3: return write_pass<F, 3>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    case 4: return write_pass<F, 4>(c, coef, ww, keep, mem_prev, mem, msq, dots);
+    default: return write_pass_any(c, act, ww, keep, mem_prev, mem, msq, dots);
+  }
+}
+
+// The sum of a vector's lanes: a tree of shuffles where the instruction set has one (a loop of
+// dependent scalar adds costs several times more in the per-row dot products below).
+template <typename F>
+inline F hsum(const Vec<F>& v) {
+#if defined(CPU_CAPABILITY_AVX512)
+  if constexpr (std::is_same_v<F, float>) {
+    return _mm512_reduce_add_ps(v);
+  } else {
+    return _mm512_reduce_add_pd(v);
+  }
+#else
+  return at::vec::vec_reduce_all<F>([](Vec<F> a, Vec<F> b) { return a + b; }, v);
+#endif
+}
+
+// reads[k][j] = wr[k] . mem[j] for KH heads, all M rows: one pass over the rows, each row's
+// products with the KH weightings in registers.
+template <typename F, int KH>
+void read_rows(const Cfg& c, const F* wr, const F* mem, F* reads) {
+  using V = Vec<F>;
+  const int64_t M = c.M, N = c.N;
+  for (int64_t j = 0; j < M; ++j) {
+    const F* row = mem + j * N;
+    V acc[KH];
+    for (int k = 0; k < KH; ++k) acc[k] = V(F(0));
+    for (int64_t i = 0; i < N; i += V::size()) {
+      const int64_t n = std::min<int64_t>(V::size(), N - i);
+      const V x = load_n(row + i, n);
+      for (int k = 0; k < KH; ++k) acc[k] = at::vec::fmadd(load_n(wr + k * N + i, n), x, acc[k]);
+    }
+    for (int k = 0; k < KH; ++k) reads[k * M + j] = hsum(acc[k]);
+  }
+}
+
+template <typename F>
+void read_all(const Cfg& c, const F* wr, const F* mem, F* reads) {
+  switch (c.H) {
+    case 1: return read_rows<F, 1>(c, wr, mem, reads);
+    case 2: return read_rows<F, 2>(c, wr, mem, reads);
+    case 3: return read_rows<F, 3>(c, wr, mem, reads);
+    case 4: return read_rows<F, 4>(c, wr, mem, reads);
+    default:
+      for (int64_t k = 0; k < c.H; ++k) {
+        for (int64_t j = 0; j < c.M; ++j) reads[k * c.M + j] = dot(wr + k * c.N, mem + j * c.N, c.N);
+      }
+  }
+}
+
+// inv[i] = 1 / sqrt(msq[i] + EPS), each row's factor of its cosine similarities.
+template <typename F>
+void inverse_norms(const F* msq, int64_t N, F* inv) {
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) inv[i] = F(1) / std::sqrt(msq[i] + F(kEps));
+}
+
+// One batch element's step after the head layer: write (into mem, msq), address (cos, wr), read,
+// usage and least used. act [P], ww [H, N], keep, inv [N], coef [8 M]: scratch.
+template <typename F>
+void memory_step(const Cfg& c, const F* raw, const F* mem_prev, const F* usage_prev,
+                 const F* wr_prev, const F* lu_prev, F* mem, F* msq, F* usage, F* wr, F* lu,
+                 F* reads, F* cos, F* act, F* ww, F* keep, F* inv, F* coef) {
+  const int64_t M = c.M, N = c.N, H = c.H;
+  activate(c, raw, act);
+  write_weights(c, act, wr_prev, lu_prev, usage_prev, ww, keep);
+  write_and_dots(c, act, ww, keep, mem_prev, mem, msq, cos, coef);
+  inverse_norms(msq, N, inv);
+  for (int64_t k = 0; k < H; ++k) {  // functional.content_weights
+    const F* key = act + c.key(k);
+    const F ik = F(1) / std::sqrt(dot(key, key, M) + F(kEps));
+    const F beta = beta_of(c, act, k);
+    F* ck = cos + k * N;
+    F* w = wr + k * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) {
+      ck[i] *= ik * inv[i];
+      w[i] = beta * ck[i];
+    }
+    const F mx = max_of(w, N, -std::numeric_limits<F>::infinity());
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) w[i] -= mx;
+    map1(w, w, N, [](Vec<F> v) { return v.exp(); });
+    const F total = F(1) / sum(w, N);
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) w[i] *= total;
+  }
+  read_all(c, wr, mem, reads);
+  const F gamma = F(c.gamma);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) usage[i] = gamma * usage_prev[i];
+  for (int64_t k = 0; k < H; ++k) {
+    const F* w = wr + k * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) usage[i] += w[i];
+  }
+  for (int64_t k = 0; k < H; ++k) {
+    const F* w = ww + k * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) usage[i] += w[i];
+  }
+  least_used(usage, N, H, lu);
+}
+
+// ------------------------------------------------------------------------------------------------
+// Backward of one batch element's memory step.
+// ------------------------------------------------------------------------------------------------
+
+// The pass over the rows j of mem (the memory this step wrote) that its backward makes: the
+// gradient of mem[j], drow = dmem[j] (carried) + 2 mem[j] dmsq + sum_k (dreads_k[j] wr_k +
+// key_k[j] ddot_k); then d key_k[j] += ddot_k . mem[j] + 2 key_k[j] dkq_k, d add_k[j] += ww_k .
+// drow, dww_k += add_k[j] drow, and dmem[j] = drow keep (the gradient of mem_prev[j]), in place.
+// KH = H heads, their vectors in registers over one row.
+template <typename F, int KH>
+void rows_backward(const Cfg& c, const F* mem, const F* act, const F* wr, const F* ddot,
+                   const F* ww, const F* dkq, const F* dmsq, const F* keep, const F* dreads,
+                   F* dmem, F* dww, F* dact) {
+  using V = Vec<F>;
+  const int64_t M = c.M, N = c.N;
+  for (int64_t j = 0; j < M; ++j) {
+    const F* row = mem + j * N;
+    F* drow = dmem + j * N;
+    V r[KH], kj[KH], a[KH], acc_key[KH], acc_add[KH];
+    for (int k = 0; k < KH; ++k) {
+      r[k] = V(dreads[k * M + j]);
+      kj[k] = V(act[c.key(k) + j]);
+      a[k] = V(act[c.add(k) + j]);
+      acc_key[k] = acc_add[k] = V(F(0));
+    }
+    for (int64_t i = 0; i < N; i += V::size()) {
+      const int64_t n = std::min<int64_t>(V::size(), N - i);
+      const V x = load_n(row + i, n);
+      V d = at::vec::fmadd(V(F(2)) * x, load_n(dmsq + i, n), load_n(drow + i, n));
+      for (int k = 0; k < KH; ++k) {
+        const V dd = load_n(ddot + k * N + i, n);
+        acc_key[k] = at::vec::fmadd(dd, x, acc_key[k]);
+        d = at::vec::fmadd(r[k], load_n(wr + k * N + i, n), d);
+        d = at::vec::fmadd(kj[k], dd, d);
+      }
+      for (int k = 0; k < KH; ++k) {
+        acc_add[k] = at::vec::fmadd(load_n(ww + k * N + i, n), d, acc_add[k]);
+        store_n(at::vec::fmadd(a[k], d, load_n(dww + k * N + i, n)), dww + k * N + i, n);
+      }
+      store_n(d * load_n(keep + i, n), drow + i, n);
+    }
+    for (int k = 0; k < KH; ++k) {
+      dact[c.key(k) + j] += hsum(acc_key[k]) + F(2) * act[c.key(k) + j] * dkq[k];
+      dact[c.add(k) + j] += hsum(acc_add[k]);
+    }
+  }
+}
+
+// The same for any number of heads, a head at a time.
+template <typename F>
+void rows_backward_any(const Cfg& c, const F* mem, const F* act, const F* wr, const F* ddot,
+                       const F* ww, const F* dkq, const F* dmsq, const F* keep, const F* dreads,
+                       F* dmem, F* dww, F* dact) {
+  const int64_t M = c.M, N = c.N, H = c.H;
+  for (int64_t j = 0; j < M; ++j) {
+    const F* row = mem + j * N;
+    F* drow = dmem + j * N;
+    for (int64_t k = 0; k < H; ++k) {
+      dact[c.key(k) + j] += dot(ddot + k * N, row, N) + F(2) * act[c.key(k) + j] * dkq[k];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) drow[i] += F(2) * row[i] * dmsq[i];
+    for (int64_t k = 0; k < H; ++k) {
+      const F r = dreads[k * M + j], kj = act[c.key(k) + j];
+      const F* w = wr + k * N;
+      const F* dd = ddot + k * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) drow[i] += r * w[i] + kj * dd[i];
+    }
+    for (int64_t k = 0; k < H; ++k) {
+      const F a = act[c.add(k) + j];
+      dact[c.add(k) + j] += dot(ww + k * N, drow, N);
+      F* d = dww + k * N;
+#pragma omp simd
+      for (int64_t i = 0; i < N; ++i) d[i] += a * drow[i];
+    }
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) drow[i] *= keep[i];
+  }
+}
+
+// From the gradients of this step's reads (dreads [H, M]) and of its state (dmem [M, N],
+// dusage [N], dwr [H, N]), those of the previous state, in place (dmem, dusage, dwr), of the
+// least-used rows it was given (dlu [N]) and of the head layer's output (draw [P]).
+// Scratch: act, dact [P], ww, dw, ddot [H, N], keep, inv, dmsq [N].
+template <typename F>
+void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq, const F* cos,
+                          const F* usage_prev, const F* wr_prev, const F* lu_prev, const F* wr,
+                          const F* dreads, F* dmem, F* dusage, F* dwr, F* dlu, F* draw, F* act,
+                          F* dact, F* ww, F* dw, F* ddot, F* keep, F* inv, F* dmsq) {
+  const int64_t M = c.M, N = c.N, H = c.H;
+  activate(c, raw, act);
+  write_weights(c, act, wr_prev, lu_prev, usage_prev, ww, keep);
+  std::fill(dact, dact + c.P, F(0));
+  // The read weightings' gradient: carried, from the usage, and from the reads.
+  for (int64_t k = 0; k < H; ++k) {
+    F* d = dw + k * N;
+    const F* dk = dwr + k * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) d[i] = dk[i] + dusage[i];
+    combine_rows(mem, dreads + k * M, M, N, d, true);
+  }
+  // Softmax and cosine backward: ddot [H, N] of the numerators, dmsq, and d|key|^2 per head.
+  inverse_norms(msq, N, inv);
+  std::fill(dmsq, dmsq + N, F(0));
+  F dkq_few[8];
+  std::vector<F> dkq_many(H > 8 ? H : 0);
+  F* dkq = H > 8 ? dkq_many.data() : dkq_few;
+  for (int64_t k = 0; k < H; ++k) {
+    const F* key = act + c.key(k);
+    const F kq = dot(key, key, M) + F(kEps);
+    const F ik = F(1) / std::sqrt(kq);
+    const F beta = beta_of(c, act, k);
+    const F* w = wr + k * N;
+    const F* d = dw + k * N;
+    const F* ck = cos + k * N;
+    F* dd = ddot + k * N;
+    const F inner = dot(w, d, N);
+    F db = 0, tk = 0;
+#pragma omp simd reduction(+ : db, tk)
+    for (int64_t i = 0; i < N; ++i) {
+      const F dz = w[i] * (d[i] - inner);
+      db += dz * ck[i];
+      const F dcos = dz * beta;
+      dd[i] = dcos * ik * inv[i];
+      const F t = dcos * ck[i];
+      tk += t;
+      dmsq[i] += F(-0.5) * t * inv[i] * inv[i];
+    }
+    if (c.o_beta >= 0) dact[c.beta(k)] = db;
+    dkq[k] = F(-0.5) * tk / kq;
+  }
+  // One pass over the rows (rows_backward); dw now collects the write weights' gradient.
+  F* dww = dw;
+  std::fill(dww, dww + H * N, F(0));
+  switch (H) {
+    case 1: rows_backward<F, 1>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    case 2: rows_backward<F, 2>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    case 3: rows_backward<F, 3>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    case 4: rows_backward<F, 4>(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact); break;
+    default: rows_backward_any(c, mem, act, wr, ddot, ww, dkq, dmsq, keep, dreads, dmem, dww, dact);
+  }
+  // The write weights: from the write and the usage; then alpha, wr_prev and lu_prev.
+  std::fill(dlu, dlu + N, F(0));
+  for (int64_t k = 0; k < H; ++k) {
+    const F g = act[c.alpha(k)];
+    const F* wp = wr_prev + k * N;
+    F* d = dww + k * N;
+    F* dprev = dwr + k * N;
+    F dg = 0;
+#pragma omp simd reduction(+ : dg)
+    for (int64_t i = 0; i < N; ++i) {
+      const F dk = d[i] + dusage[i];
+      dg += dk * (wp[i] - lu_prev[i]);
+      dprev[i] = g * dk;
+      dlu[i] += (F(1) - g) * dk;
+    }
+    dact[c.alpha(k)] = dg;
+  }
+  const F gamma = F(c.gamma);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) dusage[i] *= gamma;
+  // The activations backward (where the key is written, dact's key slots hold both gradients).
+  for (int64_t k = 0; k < H; ++k) {
+    for (int64_t j = 0; j < M; ++j) {
+      const int64_t pk = c.key(k) + j;
+      draw[pk] = dact[pk] * (F(1) - act[pk] * act[pk]);
+      if (c.o_add >= 0) {
+        const int64_t pa = c.add(k) + j;
+        draw[pa] = dact[pa] * (F(1) - act[pa] * act[pa]);
+      }
+    }
+    const F g = act[c.alpha(k)];
+    draw[c.alpha(k)] = dact[c.alpha(k)] * g * (F(1) - g);
+    if (c.o_beta >= 0) draw[c.beta(k)] = dact[c.beta(k)] * softplus_grad(raw[c.beta(k)]);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// All steps.
+// ------------------------------------------------------------------------------------------------
+
+// dst[0, n) = src[0, n) with stores that bypass the cache (no read of dst's lines first), where
+// dst is aligned to the vector: a step's memory copied to the history that only the backward
+// reads, long after.
+template <typename F>
+void stream_copy(const F* src, F* dst, int64_t n) {
+  int64_t i = 0;
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  constexpr int64_t bytes = Vec<F>::size() * sizeof(F);
+  if (reinterpret_cast<uintptr_t>(dst) % bytes == 0) {
+    for (; i + Vec<F>::size() <= n; i += Vec<F>::size()) {
+#if defined(CPU_CAPABILITY_AVX512)
+      if constexpr (std::is_same_v<F, float>) {
+        _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
+      } else {
+        _mm512_stream_pd(dst + i, _mm512_loadu_pd(src + i));
+      }
+#else
+      if constexpr (std::is_same_v<F, float>) {
+        _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
+      } else {
+        _mm256_stream_pd(dst + i, _mm256_loadu_pd(src + i));
+      }
+#endif
+    }
+  }
+#endif
+  std::copy(src + i, src + n, dst + i);
+}
+
+template <typename F>
+struct Params {
+  const F* xpre;  // [T, B, 4C] the LSTM's input side, biases included (gates i, f, o, g)
+  const F* wrh;   // [4C, H M + C] the LSTM's weights of [reads, h]
+  const F* wp;    // [P, C] the head layer
+  const F* bp;    // [P]
+  const F* h0;    // [B, C]
+  const F* reads0;  // [B, H, M]
+  F* work;  // [2, B, M, N] where every step's memory is kept: the memory of the last two steps
+};
+
+template <typename F>
+void forward(const View<F>& v, const Params<F>& p) {
+  const Cfg& c = v.c;
+  const int64_t B = c.B, C = c.C, G = c.G(), Z = c.Z(), H = c.H, M = c.M, N = c.N;
+  for (int64_t t = 0; t < c.T; ++t) {
+    const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
+    const int64_t st = c.keep_all ? t : 0;
+    // Controller: gates = xpre[t] + [reads_{t-1}, h_{t-1}] W_rh^T.
+    const F* rprev = t == 0 ? p.reads0 : v.reads(t - 1);
+    const F* hprev = t == 0 ? p.h0 : v.hs(t - 1);
+    F* z = v.z(st);
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(rprev + b * H * M, rprev + (b + 1) * H * M, z + b * Z);
+      std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + H * M);
+    }
+    F* a = v.act(st);
+    std::copy(p.xpre + t * B * G, p.xpre + (t + 1) * B * G, a);
+    gemm<F>(false, true, B, G, Z, z, p.wrh, F(1), a);
+    F* h = v.hs(t);
+    lstm_gates(a, v.cell(s0), v.cell(s1), h, B, C);
+    // Head layer, then each batch element's memory.
+    F* raw = v.raw(st);
+    fill_rows(raw, p.bp, B, c.P);
+    gemm<F>(false, true, B, c.P, C, h, p.wp, F(1), raw);
+    // Where every step's memory is kept, the step computes in two slots of work that stay in
+    // cache, and its memory is streamed to the history (written in place, each step's new
+    // lines were first read from DRAM: ~4 of a 16 ms forward at the paper's sizes).
+    const F* up = v.usage(s0);
+    const F *wrp = v.wr(s0), *lp = v.lu(s0);
+    F *qn = v.msq(s1), *un = v.usage(s1), *wrn = v.wr(s1), *ln = v.lu(s1);
+    const F* mp = c.keep_all ? p.work + (t % 2) * B * M * N : v.mem(s0);
+    F* mn = c.keep_all ? p.work + ((t + 1) % 2) * B * M * N : v.mem(s1);
+    F* history = c.keep_all ? v.mem(s1) : nullptr;
+    F* rd = v.reads(t);
+    F* cs = v.cos(st);
+    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+      std::vector<F> act(c.P), ww(H * N), keep(N), inv(N), coef(8 * M);
+      for (int64_t b = begin; b < end; ++b) {
+        memory_step(c, raw + b * c.P, mp + b * M * N, up + b * N, wrp + b * H * N, lp + b * N,
+                    mn + b * M * N, qn + b * N, un + b * N, wrn + b * H * N, ln + b * N,
+                    rd + b * H * M, cs + b * H * N, act.data(), ww.data(), keep.data(),
+                    inv.data(), coef.data());
+        if (history) stream_copy(mn + b * M * N, history + b * M * N, M * N);
+      }
+    });
+    if (history) _mm_sfence();
+  }
+}
+
+// The gradients carried from step t + 1 to step t, updated in place.
+template <typename F>
+struct Carried {
+  F* dmem;    // [B, M, N]
+  F* dusage;  // [B, N]
+  F* dwr;     // [B, H, N]
+  F* dreads;  // [B, H, M]
+  F* dh;      // [B, C]
+  F* dc;      // [B, C]
+  F* dlu;     // [B, N] (written: the initial least-used rows' gradient in the end)
+};
+
+// dhs [T, B, C] and dreads_out [T, B, H, M]: the gradients of each step's outputs; writes
+// dgates [T, B, 4C] (the LSTM's pre-activations) and draw [T, B, P] (the head layer's outputs).
+template <typename F>
+void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dreads_out,
+              Carried<F>& g, F* dgates, F* draw) {
+  const Cfg& c = v.c;
+  const int64_t B = c.B, C = c.C, G = c.G(), Z = c.Z(), H = c.H, M = c.M, N = c.N;
+  std::vector<F> dh(B * C), dz(B * Z), tc(C), dr(B * H * M);
+  for (int64_t t = c.T - 1; t >= 0; --t) {
+    const F* dro = dreads_out + t * B * H * M;
+#pragma omp simd
+    for (int64_t e = 0; e < B * H * M; ++e) dr[e] = dro[e] + g.dreads[e];
+    const F* raw = v.raw(t);
+    const F *mn = v.mem(t + 1), *qn = v.msq(t + 1), *wrn = v.wr(t + 1);
+    const F *up = v.usage(t), *wrp = v.wr(t), *lp = v.lu(t);
+    const F* cs = v.cos(t);
+    F* drw = draw + t * B * c.P;
+    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+      std::vector<F> act(c.P), dact(c.P), ww(H * N), dw(H * N), ddot(H * N), keep(N), inv(N),
+          dmsq(N);
+      for (int64_t b = begin; b < end; ++b) {
+        memory_step_backward(c, raw + b * c.P, mn + b * M * N, qn + b * N, cs + b * H * N,
+                             up + b * N, wrp + b * H * N, lp + b * N, wrn + b * H * N,
+                             dr.data() + b * H * M, g.dmem + b * M * N, g.dusage + b * N,
+                             g.dwr + b * H * N, g.dlu + b * N, drw + b * c.P, act.data(),
+                             dact.data(), ww.data(), dw.data(), ddot.data(), keep.data(),
+                             inv.data(), dmsq.data());
+      }
+    });
+    // h_t feeds the outputs, the head layer and the next step's gates.
+    const F* dho = dhs + t * B * C;
+#pragma omp simd
+    for (int64_t e = 0; e < B * C; ++e) dh[e] = dho[e] + g.dh[e];
+    gemm<F>(false, false, B, C, c.P, drw, p.wp, F(1), dh.data());  // += draw W_p
+    F* dg = dgates + t * B * G;
+    lstm_gates_backward(v.act(t), v.cell(t), v.cell(t + 1), dh.data(), g.dc, dg, tc.data(), B, C);
+    gemm<F>(false, false, B, Z, G, dg, p.wrh, F(0), dz.data());  // [dreads, dh] of step t - 1
+    for (int64_t b = 0; b < B; ++b) {
+      std::copy(dz.data() + b * Z, dz.data() + b * Z + H * M, g.dreads + b * H * M);
+      std::copy(dz.data() + b * Z + H * M, dz.data() + (b + 1) * Z, g.dh + b * C);
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The C entry points' arguments.
+// ------------------------------------------------------------------------------------------------
+
+Cfg config(const MANNCall& d) {
+  Cfg c;
+  c.T = d.steps;
+  c.B = d.batch;
+  c.C = d.controller;
+  c.H = d.heads;
+  c.M = d.width;
+  c.N = d.rows;
+  c.Fw = d.fields;
+  c.o_alpha = d.alpha;
+  c.o_add = d.add;
+  c.o_beta = d.beta;
+  c.keep_all = d.keep_all != 0;
+  c.P = c.H * c.Fw;
+  c.gamma = d.decay;
+  if (c.T < 1 || c.B < 1 || c.C < 1 || c.H < 1 || c.M < 1 || c.N < c.H) {
+    throw std::invalid_argument("mann: invalid sizes");
+  }
+  if (c.o_alpha != c.M || c.Fw != c.M + 1 + (c.o_add >= 0 ? c.M : 0) + (c.o_beta >= 0 ? 1 : 0)) {
+    throw std::invalid_argument("mann: head fields must be key (M), alpha (1)[, add (M)][, beta]");
+  }
+  return c;
+}
+
+// The buffers, in the order cell, mem, msq, usage, wr, lu, hs, reads, z, act, raw, cos.
+template <typename F>
+View<F> take_view(const Cfg& c, const uintptr_t* p) {
+  View<F> v{c};
+  F** fields[] = {&v.cell_, &v.mem_, &v.msq_, &v.usage_, &v.wr_, &v.lu_,
+                  &v.hs_,   &v.reads_, &v.z_, &v.act_,   &v.raw_, &v.cos_};
+  for (size_t i = 0; i < 12; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
+  return v;
+}
+
+template <typename F>
+const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
+
+// pointers: xpre, wrh, wp, bp, h0, reads0, work (unused without keep_all), then the buffers
+// (take_view).
+template <typename F>
+void run_forward(const MANNCall* d, const uintptr_t* p) {
+  const Cfg c = config(*d);
+  const Params<F> params{arg<F>(p, 0), arg<F>(p, 1), arg<F>(p, 2), arg<F>(p, 3), arg<F>(p, 4),
+                         arg<F>(p, 5), reinterpret_cast<F*>(p[6])};
+  forward<F>(take_view<F>(c, p + 7), params);
+}
+
+// pointers: wrh, wp, the buffers (take_view), dhs, dreads_out, the carried dmem, dusage, dwr,
+// dreads, dh, dc, dlu, and the outputs dgates, draw.
+template <typename F>
+void run_backward(const MANNCall* d, const uintptr_t* p) {
+  const Cfg c = config(*d);
+  if (!c.keep_all) throw std::invalid_argument("mann: the backward needs every step's state");
+  Params<F> params{};
+  params.wrh = arg<F>(p, 0);
+  params.wp = arg<F>(p, 1);
+  const View<F> v = take_view<F>(c, p + 2);
+  const uintptr_t* q = p + 14;
+  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(q[i]); };
+  Carried<F> g{ptr(2), ptr(3), ptr(4), ptr(5), ptr(6), ptr(7), ptr(8)};
+  backward<F>(v, params, ptr(0), ptr(1), g, ptr(9), ptr(10));
+}
+
+}  // namespace lrua
+}  // namespace
+}  // namespace torch_ntm
+
+extern "C" {
+
+// dtype: 0 float32, 1 float64. Each returns 0, or 1 with the message in torch_ntm_last_error.
+int torch_ntm_mann_forward(int dtype, const torch_ntm::MANNCall* d, const uintptr_t* p) {
+  return torch_ntm::guarded([&] {
+    dtype == 0 ? torch_ntm::lrua::run_forward<float>(d, p)
+               : torch_ntm::lrua::run_forward<double>(d, p);
+  });
+}
+
+int torch_ntm_mann_backward(int dtype, const torch_ntm::MANNCall* d, const uintptr_t* p) {
+  return torch_ntm::guarded([&] {
+    dtype == 0 ? torch_ntm::lrua::run_backward<float>(d, p)
+               : torch_ntm::lrua::run_backward<double>(d, p);
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,247 @@
+"""The MANN's "native" engine: a whole sequence of `torch_ntm.MANN`, forward and backward, as one
+C++ call each (``csrc/mann.cpp``, built into the library of `torch_ntm.engines.library`).
+
+The eager loop runs a step as a few dozen tensor ops, so at the paper's sizes (batch 16, 128 x 40
+memory, 4 heads) its time goes to per-op overhead rather than arithmetic. Here the time loop is
+C++: the LSTM's recurrent matmul and the head layer are BLAS calls over the batch, and the rest of
+a step (the LRUA write, cosine similarities, softmax, reads, usage, the least-used rows, and all of
+it backward) is vectorised loops over each batch element's memory. What is one matmul over all
+steps stays in torch, under autograd: the LSTM's input side (`MANN._forward_compiled`'s trick),
+the output layer, and, after the backward call, the weight gradients of the recurrent and head
+layers. torch allocates every buffer; one `torch.autograd.Function` wraps the two calls.
+
+The same function as the eager loop, to float rounding: the least-used rows and the zeroed row are
+chosen by the same rules (a stable sort's first H rows, the first minimum), so where usages tie
+(a fresh state; rows never written) the same rows are picked.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torch_ntm.engines import first_order_only, library
+
+if TYPE_CHECKING:
+    from torch_ntm.mann import MANN, MANNState
+
+__all__ = ["DESCRIPTIONS", "MANNCall", "forward"]
+
+_FREED: dict = {}  # "asked": the first call has called `library.keep_freed_memory`
+
+
+class MANNCall(library.Description):
+    """The static sizes of a call of the MANN's kernels (``torch_ntm_mann_forward``,
+    ``torch_ntm_mann_backward``): the C++ struct of the same name in the generated ``calls.h``."""
+
+    _fields_ = [
+        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
+        ("controller", ctypes.c_int64), ("heads", ctypes.c_int64),  # C, H
+        ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # M, N
+        # Each head's outputs of the head layer, and where alpha, add (-1: the key is written)
+        # and beta (-1: beta = 1) lie among them (the key first), from `MANN.head_fields`.
+        ("fields", ctypes.c_int64), ("alpha", ctypes.c_int64), ("add", ctypes.c_int64),
+        ("beta", ctypes.c_int64),
+        ("keep_all", ctypes.c_int64),  # every step's state, for the backward
+        ("decay", ctypes.c_double),  # the usage decay gamma
+    ]
+
+
+DESCRIPTIONS = (MANNCall,)
+
+
+class _Buffers(NamedTuple):
+    """What the forward writes and the backward reads (csrc/mann.cpp's `View`, in its order):
+    per slot of state (T + 1, or 2 for inference), per step (T, or 1 for inference; ``hs`` and
+    ``reads`` always T)."""
+
+    cell: Tensor  # [S, B, C] the LSTM's cells
+    mem: Tensor  # [S, B, M, N] memory, transposed
+    msq: Tensor  # [S, B, N] its rows' squared norms (slot 0 unused)
+    usage: Tensor  # [S, B, N]
+    wr: Tensor  # [S, B, H, N] read weightings
+    lu: Tensor  # [S, B, N] least-used rows
+    hs: Tensor  # [T, B, C] the LSTM's outputs
+    reads: Tensor  # [T, B, H, M]
+    z: Tensor  # [K, B, H M + C] the recurrent matmul's input [reads, h] of the step before
+    act: Tensor  # [K, B, 4C] the LSTM's activated gates (i, f, o, g)
+    raw: Tensor  # [K, B, P] the head layer's outputs
+    cos: Tensor  # [K, B, H, N] cosine similarities
+
+
+class _Config(NamedTuple):
+    """A model's static sizes and usage decay (`MANNCall` without a call's steps and batch)."""
+
+    controller: int
+    heads: int
+    width: int
+    rows: int
+    fields: int  # Fw, each head's outputs of the head layer
+    alpha: int  # offsets of alpha, add (-1: the key is written) and beta (-1: beta = 1)
+    add: int
+    beta: int
+    decay: float
+
+    def call(self, steps: int, batch: int, keep: bool) -> MANNCall:
+        return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
+                        self.fields, self.alpha, self.add, self.beta, int(keep), self.decay)
+
+
+def _config(model: MANN) -> _Config:
+    fields = model.head_fields
+    offsets, start = {}, 0
+    for name, width in fields.items():
+        offsets[name] = start
+        start += width
+    return _Config(model.controller_size, model.read_heads, model.memory_width,
+                   model.memory_size, start, offsets["alpha"], offsets.get("add", -1),
+                   offsets.get("beta", -1), model.usage_decay)
+
+
+def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> _Buffers:
+    h, m, n, c = cfg.heads, cfg.width, cfg.rows, cfg.controller
+    slots, kept = (steps + 1, steps) if keep else (2, 1)
+    shapes = [(slots, batch, c), (slots, batch, m, n), (slots, batch, n), (slots, batch, n),
+              (slots, batch, h, n), (slots, batch, n), (steps, batch, c), (steps, batch, h, m),
+              (kept, batch, h * m + c), (kept, batch, 4 * c), (kept, batch, h * cfg.fields),
+              (kept, batch, h, n)]
+    return _Buffers(*(like.new_empty(shape) for shape in shapes))
+
+
+def _data(*tensors: Tensor) -> list[int]:
+    """The data addresses of contiguous tensors of one dtype."""
+    for t in tensors:
+        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
+    return [t.data_ptr() for t in tensors]
+
+
+def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
+                 reads, keep: bool) -> _Buffers:
+    """All steps, from the state as `_Sequence.forward` takes it (memory ``[B, N, M]``)."""
+    steps, batch = xpre.shape[:2]
+    buf = _buffers(cfg, steps, batch, xpre, keep)
+    # where every step's memory is kept, the steps compute in two slots of work (mann.cpp)
+    work = xpre.new_empty(2, *buf.mem.shape[1:]) if keep else buf.mem
+    with torch.no_grad():
+        buf.cell[0].copy_(c0)
+        work[0].copy_(memory.transpose(1, 2))
+        if keep:
+            buf.mem[0].copy_(work[0])
+        buf.usage[0].copy_(usage)
+        buf.wr[0].copy_(w_read)
+        buf.lu[0].copy_(least_used)
+    library.call("torch_ntm_mann_forward", xpre.dtype, cfg.call(steps, batch, keep),
+                 [*_data(xpre, wrh, wp, bp, h0, reads, work), *_data(*buf)])
+    return buf
+
+
+class _Sequence(torch.autograd.Function):
+    """The MANN's steps after the LSTM's input side, before the output layer: from ``xpre``
+    ``[T, B, 4C]`` (gates i, f, o, g, biases included), the recurrent weights ``wrh``
+    ``[4C, H M + C]`` of ``[reads, h]``, the head layer (``wp``, ``bp``) and the initial state, to
+    ``(hs [T, B, C], reads [T, B, H, M], c, memory, usage, w_read, least_used)`` after the last
+    step. The least-used rows are a step function of the usage: no gradient flows from them."""
+
+    @staticmethod
+    def forward(ctx, cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
+                reads):
+        buf = _run_forward(cfg, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
+                           reads, keep=True)
+        ctx.cfg = cfg
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(wrh, wp, *buf)
+        lu = buf.lu[-1].clone()
+        ctx.mark_non_differentiable(lu)
+        # hs and reads are returned as they are (saved, not views); the rest are copies
+        return (buf.hs, buf.reads, buf.cell[-1].clone(), buf.mem[-1].transpose(1, 2).contiguous(),
+                buf.usage[-1].clone(), buf.wr[-1].clone(), lu)
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dhs, dreads, dc, dmem, dusage, dwr, _dlu):
+        cfg = ctx.cfg
+        wrh, wp, *saved = ctx.saved_tensors
+        buf = _Buffers(*saved)
+        steps, batch = buf.hs.shape[:2]
+
+        def carried(g, like):  # a fresh contiguous copy: the library updates it in place
+            return torch.zeros_like(like) if g is None else g.clone(
+                memory_format=torch.contiguous_format)
+
+        grads = [
+            torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
+            torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
+            carried(None if dmem is None else dmem.transpose(1, 2), buf.mem[0]),
+            carried(dusage, buf.usage[0]), carried(dwr, buf.wr[0]),
+            torch.zeros_like(buf.reads[0]), torch.zeros_like(buf.hs[0]),
+            carried(dc, buf.cell[0]), torch.empty_like(buf.lu[0]),
+        ]
+        dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
+        draw = wp.new_empty(steps, batch, wp.shape[0])
+        library.call("torch_ntm_mann_backward", wp.dtype, cfg.call(steps, batch, True),
+                     [*_data(wrh, wp, *buf), *_data(*grads, dgates, draw)])
+        dmem0, dusage0, dwr0, dreads0, dh0, dc0, dlu0 = grads[2:]
+        # Weight gradients: one matmul over all T B rows each.
+        dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
+        dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
+        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), dh0, dc0, dmem0.transpose(1, 2),
+                dusage0, dwr0, dlu0, dreads0)
+
+
+_GATE_ORDER: dict = {}
+
+
+def _gate_order(c: int) -> Tensor:
+    """The rows of nn.LSTMCell's gates (i, f, g, o) in the library's order (i, f, o, g)."""
+    if c not in _GATE_ORDER:
+        _GATE_ORDER[c] = torch.cat([torch.arange(0, 2 * c), torch.arange(3 * c, 4 * c),
+                                    torch.arange(2 * c, 3 * c)])
+    return _GATE_ORDER[c]
+
+
+def forward(model: MANN, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
+    """``model``'s sequence by the native engine.
+
+    Args:
+        model: the `torch_ntm.MANN` (only its public attributes are read).
+        x: ``[T, B, input_size]``, time-major, already checked by `MANN.forward`.
+        state: the `torch_ntm.MANNState` to start from (checked).
+
+    Returns:
+        ``(logits [T, B, output_size], final state)``, differentiable to every parameter, to
+        ``x`` and to the state's tensors where gradients are enabled; without them, a forward
+        that keeps two slots of state instead of every step's.
+    """
+    if not _FREED:
+        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
+        if _FREED["asked"]:
+            library.keep_freed_memory()
+    cfg = _config(model)
+    cell = model.controller.cells[0]
+    order = _gate_order(cfg.controller)
+    n = model.input_size
+    weight_ih = cell.weight_ih[order]
+    xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])  # [T, B, 4C]
+    wrh = torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)  # [4C, H M + C]
+    inputs = (xpre.contiguous(), wrh, model.head_params.weight.contiguous(),
+              model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
+              state.controller[1][0].contiguous(), state.memory.contiguous(),
+              state.usage.contiguous(), state.read_weights.contiguous(),
+              state.least_used.contiguous(), state.reads.contiguous())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        hs, reads, c, memory, usage, w_read, least_used = _Sequence.apply(cfg, *inputs)
+    else:
+        buf = _run_forward(cfg, *inputs, keep=False)
+        last = x.shape[0] % 2  # two slots of state: the final one in slot T % 2
+        hs, reads, c = buf.hs, buf.reads, buf.cell[last]
+        memory, usage = buf.mem[last].transpose(1, 2).contiguous(), buf.usage[last]
+        w_read, least_used = buf.wr[last], buf.lu[last]
+    logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
+    final = type(state)((hs[-1].unsqueeze(0), c.unsqueeze(0)), memory, usage, w_read, least_used,
+                        reads[-1])  # a MANNState (the engines import no model)
+    return logits, final
