@@ -191,3 +191,36 @@ def test_the_generated_header_declares_each_description_as_its_ctypes_structure(
     assert "enum HeadField : int { KEY = 0, BETA = 1, GATE = 2, SHIFT = 3, GAMMA = 4, " in text
     for field, _ in native.NTMCall._fields_:  # each field's offset is checked by the compiler
         assert f"offsetof(NTMCall, {field}) == {getattr(native.NTMCall, field).offset}" in text
+
+
+def test_prepare_builds_in_the_background_once_and_the_first_call_waits_for_it(monkeypatch):
+    import threading
+    import time
+
+    calls, started = [], threading.Event()
+
+    def slow_build():
+        started.set()
+        time.sleep(0.2)
+        calls.append(threading.current_thread().name)
+        monkeypatch.setitem(library._LIBRARY, "lib", "the library")
+
+    monkeypatch.setattr(library, "_LIBRARY", {})
+    monkeypatch.setattr(library, "_build", slow_build)
+    library.prepare()
+    assert started.wait(5)
+    assert library.library() == "the library"  # waited for the build in the background
+    library.prepare()  # built: nothing more
+    assert calls == ["torch_ntm library"]
+
+
+def test_a_changed_header_is_a_new_build(monkeypatch, tmp_path):
+    # torch's loader hashes the .cpp files only: the library's name for its code covers the
+    # headers (and the generated one) too.
+    for name in ("a.cpp", "b.h"):
+        (tmp_path / name).write_text("// 1")
+    monkeypatch.setattr(library, "_CSRC", tmp_path)
+    before = library._sources_hash("calls")
+    (tmp_path / "b.h").write_text("// 2")
+    assert library._sources_hash("calls") != before
+    assert library._sources_hash("other calls") != library._sources_hash("calls")

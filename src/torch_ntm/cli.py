@@ -555,6 +555,8 @@ def _cmd_bench(args) -> int:
     return 0
 
 
+# The commands that run a model in this process (a sweep's trainings are processes of their own).
+_RUNS_MODELS = ("train", "evaluate", "plot", "bench")
 _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
              "curves": _cmd_curves, "pretrained": _cmd_pretrained, "sweep": _cmd_sweep,
              "bench": _cmd_bench}
@@ -563,7 +565,7 @@ _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
 def main(argv: list[str] | None = None) -> int:
     from torch_ntm.checkpoint import CheckpointError
     from torch_ntm.config import ConfigError
-    from torch_ntm.engines.library import keep_freed_memory
+    from torch_ntm.engines.library import keep_freed_memory, prepare
     from torch_ntm.train import Interrupted
 
     parser = _parser()
@@ -576,6 +578,8 @@ def main(argv: list[str] | None = None) -> int:
         command = getattr(command, "commands", {}).get(getattr(args, "action", None), command)
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
     keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.9x training)
+    if args.command in _RUNS_MODELS:  # the library's first build overlaps with the set-up
+        prepare()
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, CheckpointError) as e:

@@ -1,9 +1,11 @@
 // What every native model's kernels share (kernels.cpp for the NTM, mann.cpp for the MANN): small
-// vectorised loops over contiguous rows, the matmul (torch's BLAS), the LSTM controller's gates
-// forward and backward, and the C entry points' error reporting. No torch header but ATen's vector
+// vectorised loops over contiguous rows, the matmul (torch's BLAS), and the LSTM controller's gates
+// forward and backward (the C entry points' part is entry.h). No torch header but ATen's vector
 // type, so that a build takes seconds.
 
 #pragma once
+
+#include "entry.h"
 
 #include <ATen/cpu/vec/functional.h>
 #include <ATen/cpu/vec/vec.h>
@@ -15,14 +17,6 @@
 #include <exception>
 #include <type_traits>
 
-extern "C" {
-void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
-            const float*, const int*, const float*, const int*, const float*, float*,
-            const int*) __attribute__((weak));
-void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
-            const double*, const int*, const double*, const int*, const double*, double*,
-            const int*) __attribute__((weak));
-}
 
 namespace torch_ntm {
 
@@ -168,9 +162,6 @@ void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
   for (int64_t r = 0; r < rows; ++r) std::copy(vec, vec + width, out + r * width);
 }
 
-// Whether `gemm` runs torch's BLAS (false: the plain loop, much slower).
-inline bool has_blas() { return sgemm_ != nullptr && dgemm_ != nullptr; }
-
 // ------------------------------------------------------------------------------------------------
 // The LSTM controller's cell on a batch (`nn.LSTMCell`, gates reordered (i, f, o, g) by the Python
 // side so that the three sigmoids are one run).
@@ -220,30 +211,6 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
       dcb[u] = dcu * f;
     }
   }
-}
-
-// ------------------------------------------------------------------------------------------------
-// The C entry points: run(...) with no exception crossing into C, its message kept for Python.
-// ------------------------------------------------------------------------------------------------
-
-// The message of the last failed call (read by Python through `torch_ntm_last_error`).
-inline char* last_error() {
-  static thread_local char message[512] = "";
-  return message;
-}
-
-// 0 after run(), or 1 with the exception's message in `last_error`.
-template <typename Run>
-int guarded(const Run& run) {
-  try {
-    run();
-    return 0;
-  } catch (const std::exception& e) {
-    std::snprintf(last_error(), 512, "%s", e.what());
-  } catch (...) {
-    std::snprintf(last_error(), 512, "unknown C++ exception");
-  }
-  return 1;
 }
 
 }  // namespace torch_ntm

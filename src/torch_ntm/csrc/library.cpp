@@ -1,7 +1,7 @@
 // The native library's own C entry points (the kernels' are in kernels.cpp and mann.cpp): what
 // Python asks of the library as a whole.
 
-#include "common.h"
+#include "entry.h"
 
 extern "C" {
 

@@ -20,17 +20,19 @@ import hashlib
 import importlib
 import logging
 import os
+import threading
 from pathlib import Path
 
 import torch
 
 __all__ = ["DTYPES", "Description", "available", "call", "error", "header", "keep_freed_memory",
-           "library"]
+           "library", "prepare"]
 
 _log = logging.getLogger("torch_ntm.engines")
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 _LIBRARY: dict = {}  # "lib": the ctypes library, or "error": why there is none
+_BUILDING = threading.Lock()  # held while a thread builds or loads the library
 DTYPES = {torch.float32: 0, torch.float64: 1}  # the dtypes the kernels compute in, by C code
 # The modules whose `Description`s and kernels the library holds (each imports this one).
 _ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann")
@@ -148,30 +150,56 @@ def _declare(lib: ctypes.CDLL) -> None:
 _KERNEL_ARGS = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p]
 
 
-def library() -> ctypes.CDLL | None:
-    """The ctypes library, building it first if needed (once per process); None if it cannot be
-    built, with the reason in `error`."""
-    if not _LIBRARY:
-        try:
-            from torch.utils import cpp_extension
+def _sources_hash(text: str) -> str:
+    """A hash of every source and header in csrc/ and of the generated header: the build's name
+    for this code (torch's extension loader hashes the .cpp files only, so a changed header alone
+    would load a stale library)."""
+    digest = hashlib.sha256(text.encode())
+    for path in sorted(_CSRC.iterdir()):
+        if path.suffix in (".cpp", ".h"):
+            digest.update(path.name.encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()[:16]
 
-            capability = torch.backends.cpu.get_cpu_capability().lower()
-            generated = _generated(header())
-            # The header's hash among the flags: a new header is a new build of the library.
-            path = cpp_extension.load(
-                name=f"torch_ntm_native_{capability}", sources=[str(s) for s in _sources()],
-                extra_cflags=[*_flags(), f"-DTORCH_NTM_CALLS={generated.name[-16:]}"],
-                extra_include_paths=[str(_CSRC), str(generated)],
-                is_python_module=False, verbose=False)
-            lib = ctypes.CDLL(path)
-            _declare(lib)
-            _LIBRARY["lib"] = lib
-            if not lib.torch_ntm_has_blas():
-                _log.warning("the native library found no BLAS exported by torch: its matmuls "
-                             "run a plain loop, many times slower")
-        except Exception as exc:  # no compiler, no ninja, a failed build
-            _LIBRARY["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+
+def library() -> ctypes.CDLL | None:
+    """The ctypes library, building it first if needed (once per process, whichever thread asks
+    first; the others wait for it); None if it cannot be built, with the reason in `error`."""
+    with _BUILDING:
+        if not _LIBRARY:
+            _build()
     return _LIBRARY.get("lib")
+
+
+def _build() -> None:
+    try:
+        from torch.utils import cpp_extension
+
+        capability = torch.backends.cpu.get_cpu_capability().lower()
+        text = header()
+        generated = _generated(text)
+        # The code's hash among the flags: new code (a header too) is a new build of the library.
+        path = cpp_extension.load(
+            name=f"torch_ntm_native_{capability}", sources=[str(s) for s in _sources()],
+            extra_cflags=[*_flags(), f"-DTORCH_NTM_SOURCES={_sources_hash(text)}"],
+            extra_include_paths=[str(_CSRC), str(generated)],
+            is_python_module=False, verbose=False)
+        lib = ctypes.CDLL(path)
+        _declare(lib)
+        _LIBRARY["lib"] = lib
+        if not lib.torch_ntm_has_blas():
+            _log.warning("the native library found no BLAS exported by torch: its matmuls "
+                         "run a plain loop, many times slower")
+    except Exception as exc:  # no compiler, no ninja, a failed build
+        _LIBRARY["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+
+
+def prepare() -> None:
+    """Start building (or loading) the library in a background thread, so that the build (seconds,
+    the first time on a machine) overlaps with what a program does before its first native call;
+    that call then waits for it. ``ntm`` commands call this at start."""
+    if not _LIBRARY:  # not a daemon: a process that exits first waits for the build to end (a
+        # build killed midway would leave torch's lock file, on which the next build would wait)
+        threading.Thread(target=library, name="torch_ntm library").start()
 
 
 def available() -> bool:

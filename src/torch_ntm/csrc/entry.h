@@ -1,0 +1,49 @@
+// What the library's C entry points share (common.h includes it for the kernels; library.cpp needs
+// nothing else, so it compiles in a fraction of a second): the BLAS torch exports, and the error
+// reporting of a call.
+
+#pragma once
+
+#include <cstdio>
+#include <exception>
+
+// torch's BLAS (its MKL), where it exports one: weak, so that the library loads without it.
+extern "C" {
+void sgemm_(const char*, const char*, const int*, const int*, const int*, const float*,
+            const float*, const int*, const float*, const int*, const float*, float*,
+            const int*) __attribute__((weak));
+void dgemm_(const char*, const char*, const int*, const int*, const int*, const double*,
+            const double*, const int*, const double*, const int*, const double*, double*,
+            const int*) __attribute__((weak));
+}
+
+namespace torch_ntm {
+
+// Whether `gemm` runs torch's BLAS (false: the plain loop, much slower).
+inline bool has_blas() { return sgemm_ != nullptr && dgemm_ != nullptr; }
+
+// ------------------------------------------------------------------------------------------------
+// The C entry points: run(...) with no exception crossing into C, its message kept for Python.
+// ------------------------------------------------------------------------------------------------
+
+// The message of the last failed call (read by Python through `torch_ntm_last_error`).
+inline char* last_error() {
+  static thread_local char message[512] = "";
+  return message;
+}
+
+// 0 after run(), or 1 with the exception's message in `last_error`.
+template <typename Run>
+int guarded(const Run& run) {
+  try {
+    run();
+    return 0;
+  } catch (const std::exception& e) {
+    std::snprintf(last_error(), 512, "%s", e.what());
+  } catch (...) {
+    std::snprintf(last_error(), 512, "unknown C++ exception");
+  }
+  return 1;
+}
+
+}  // namespace torch_ntm
