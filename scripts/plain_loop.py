@@ -32,10 +32,10 @@ from pathlib import Path
 import torch
 
 from torch_ntm import NTM
-from torch_ntm.config import resolve_config
 from torch_ntm.diagnostics import gradient_norms, head_statistics
 from torch_ntm.evaluate import evaluate_batches, fixed_batches
 from torch_ntm.metrics import masked_bce
+from torch_ntm.presets import resolve_config
 from torch_ntm.stability import SpikeClip
 from torch_ntm.tasks import make_task
 

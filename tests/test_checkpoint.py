@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from torch_ntm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
-from torch_ntm.config import resolve_config
 from torch_ntm.factories import build_model, build_task
+from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 

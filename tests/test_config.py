@@ -5,8 +5,10 @@ import json
 
 import pytest
 
-from torch_ntm.config import PRESETS, ConfigError, TrainConfig, apply_overrides, resolve_config
+from torch_ntm.config import ConfigError, TrainConfig
 from torch_ntm.model import NTMOptions
+from torch_ntm.overrides import apply_overrides
+from torch_ntm.presets import PRESETS, resolve_config
 from torch_ntm.tasks import TASKS, CopyTask, RepeatCopyTask
 
 
@@ -218,3 +220,16 @@ def test_weight_decay_is_decoupled_with_adam_and_l2_with_rmsprop():
     assert type(plain) is torch.optim.Adam  # no decay: Adam itself, as runs before the key
     with pytest.raises(ConfigError, match="weight_decay"):
         resolve_config("copy", overrides=["weight_decay=-1"])
+
+
+def test_every_preset_says_why_in_one_line():
+    """Presets are data: each has one line of reason; how it was found is in docs/presets.md,
+    which names every preset."""
+    from pathlib import Path
+
+    history = (Path(__file__).parents[1] / "docs" / "presets.md").read_text()
+    for task, presets in PRESETS.items():
+        for name, preset in presets.items():
+            assert preset.why and "\n" not in preset.why and len(preset.why) <= 120, (task, name)
+            assert f"`{name}`" in history.split(f"## {task}", 1)[1].split("\n## ", 1)[0], (
+                task, name)

@@ -16,7 +16,7 @@ import pytest
 
 from torch_ntm.checkpoint import CheckpointError, load_checkpoint, save_checkpoint
 from torch_ntm.cli import main
-from torch_ntm.config import resolve_config
+from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 

@@ -8,12 +8,13 @@ import torch
 
 from torch_ntm.checkpoint import load_checkpoint
 from torch_ntm.cli import main
-from torch_ntm.config import PRESETS, ConfigError, default_preset, resolve_config
+from torch_ntm.config import ConfigError
 from torch_ntm.evaluate import evaluate_batches
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.mann import MANN
 from torch_ntm.metrics import label_errors, masked_cross_entropy, objective
 from torch_ntm.omniglot import OmniglotTask
+from torch_ntm.presets import PRESETS, default_preset, resolve_config
 from torch_ntm.runlog import read_metrics
 from torch_ntm.tasks import TASKS, make_task
 from torch_ntm.train import _score, train

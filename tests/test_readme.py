@@ -59,7 +59,7 @@ def test_every_documented_training_command_parses_and_resolves():
     """A renamed key, preset or option would leave the documents' commands failing; each is
     parsed by `ntm train`'s parser and its config resolved (no training)."""
     from torch_ntm.cli import _parser
-    from torch_ntm.config import resolve_config
+    from torch_ntm.presets import resolve_config
 
     commands = list(_documented_train_commands())
     assert len(commands) >= 40  # the scan finds them (49 on 2026-11-26)

@@ -12,9 +12,9 @@ import torch
 
 from torch_ntm import pretrained
 from torch_ntm.checkpoint import load_checkpoint, save_checkpoint
-from torch_ntm.config import resolve_config
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.metrics import bit_errors
+from torch_ntm.presets import resolve_config
 from torch_ntm.tasks import make_task
 
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"

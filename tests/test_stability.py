@@ -80,7 +80,7 @@ def test_checkpoints_from_before_the_caps_load_unbounded(tmp_path):
     import json
 
     from torch_ntm.checkpoint import load_checkpoint, save_checkpoint
-    from torch_ntm.config import resolve_config
+    from torch_ntm.presets import resolve_config
     from torch_ntm.train import make_optimizer
 
     config = resolve_config("copy", overrides=["controller_size=8", "memory_size=8",
@@ -226,7 +226,7 @@ def test_training_with_spike_clipping_resumes_exactly(tmp_path):
     """The recent norms are part of the checkpoint: without them the resumed run would clip
     at clip_norm during a new warm-up, and end on other weights."""
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import resolve_config
+    from torch_ntm.presets import resolve_config
     from torch_ntm.train import train
 
     def config(steps):

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from torch_ntm.config import resolve_config
+from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 

@@ -161,14 +161,10 @@ def _cmd_train(args) -> int:
     import contextlib
 
     from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
-    from torch_ntm.config import (
-        ConfigError,
-        apply_overrides,
-        check_resume,
-        resolve_config,
-        resolve_device,
-    )
+    from torch_ntm.config import ConfigError, check_resume, resolve_device
     from torch_ntm.factories import build_model, build_task
+    from torch_ntm.overrides import apply_overrides
+    from torch_ntm.presets import resolve_config
     from torch_ntm.train import is_main_process, load_initial_weights
 
     main_process = is_main_process()  # under torchrun, rank 0 writes
@@ -245,7 +241,7 @@ def _metrics_line(metrics: dict) -> str:
 
 def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import override_keys
+    from torch_ntm.overrides import override_keys
     from torch_ntm.train import train
 
     started = time.perf_counter()
@@ -341,9 +337,10 @@ def _checkpoint_arg(args) -> Path:
 
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, apply_overrides, check_steps
+    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_steps
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
+    from torch_ntm.overrides import apply_overrides
 
     if args.sequences is not None and args.sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")

@@ -1,7 +1,8 @@
-"""Training configurations: one dataclass, the paper's presets, and ``--set key=value``.
+"""Training configurations: one dataclass and its checks.
 
 A run is fully described by a `TrainConfig`; it is printed at the start of a run and saved with
-every checkpoint, so evaluation needs nothing else. The model's keys are those of
+every checkpoint, so evaluation needs nothing else. The presets are in `torch_ntm.presets`, the
+``--set key=value`` parser in `torch_ntm.overrides`. The model's keys are those of
 `torch_ntm.model.NTMOptions`; the task's parameters are the task's own dataclass in
 `torch_ntm.tasks`, nested in the config and set with dotted keys: ``--set task.max_length=30``.
 """
@@ -20,9 +21,8 @@ from torch_ntm.model import NTMOptions
 from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
-    "TrainConfig", "PRESETS", "ConfigError", "resolve_config", "apply_overrides",
-    "resolve_device", "check_memory_size", "check_steps", "default_preset", "check_resume",
-    "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys", "override_keys",
+    "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
+    "check_resume", "list_kind", "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
@@ -455,173 +455,6 @@ def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
 _CHOICES = {"model": MODELS, "engine": ENGINES, "optimizer": OPTIMIZERS}
 
 
-# Presets from the paper's tables 1-3 (architecture, heads, memory and learning rate). "#heads"
-# there counts read/write pairs. The default "ntm-lstm" preset of each task is the paper's NTM-LSTM
-# architecture; the optimiser settings of the copy presets are tuned for wall-clock speed on a CPU
-# (batches of sequences instead of one at a time, Adam); "ntm-lstm-paper" keeps the paper's
-# RMSProp(momentum 0.9), batch 1 and gradient clipping to [-10, 10].
-_PAPER_OPT = {"optimizer": "rmsprop", "batch_size": 1, "clip_value": 10.0, "momentum": 0.9}
-_NTM_FF = {"model": "ntm", "controller": "feedforward", "controller_layers": 1}
-_LSTM = {"model": "lstm", "controller_layers": 3}
-# Once solved (no wrong bit in the validation set), fine-tune at 0.3 times the rate, and put the
-# best weights back (with another 0.3) if a validation later has more than 1 wrong bit per
-# sequence. Copy: the decay alone at <= 1 wrong bit left 1 seed of 10 stuck at 0.5 wrong bits;
-# at 0 all 10 converged but 1 collapsed, which the rollback catches. Armed any earlier (at <= 1
-# wrong bit), the rollback's decays froze a seed that had not yet converged. With 0.1 instead of
-# 0.3 the sweep met the goal too, but a rolled-back seed was frozen on its first, fragile solution
-# (2/100 wrong at L = 20, 0.5 wrong bits per sequence at the end of the sweep). On associative
-# recall a decay stalled at ~0.1 wrong bits per sequence for 100,000 sequences.
-_STABLE = {"lr_decay_bit_errors": 0.0, "lr_decay": 0.3, "rollback_bit_errors": 1.0}
-
-# Omniglot (Santoro et al. 2016, section 4.1). The architecture is the paper's: an LSTM of 200
-# units, memory 128 x 40, 4 read heads. The paper does not state its optimiser in the text we
-# could check; the settings are those of the reference re-implementation snowkylin/ntm
-# (one_shot_learning.py and model.py: Adam at 1e-3, batches of 16 episodes, 100,000 batches,
-# the per-episode cross-entropy summed over steps, no clipping). The norm clip at 10 is ours, a
-# guard against rare spikes (as on the bit tasks), not the reference's. There is no solved
-# state to stop at: train a budget of episodes and keep the weights of the best validation
-# (fewest wrong labels per episode on the test split, then cost). Mirror images as classes of
-# their own (task.reflections, 8 classes per training character where the paper has 4): one
-# hour, seed 0, 89.5% at the 10th instance against 88.6% without, cost 31.4 against 33.8 bits.
-_OMNIGLOT = {"optimizer": "adam", "lr": 1e-3, "batch_size": 16, "clip_value": 0.0,
-             "clip_norm": 10.0, "max_sequences": 1_600_000, "eval_every": 500,
-             "eval_sequences": 1000, "log_every": 50, "task_params": {"reflections": True}}
-
-PRESETS: dict[str, dict[str, dict]] = {
-    "copy": {
-        "ntm-lstm": {
-            # Adam with spikes clipped (docs/stability.md); stop when L <= 20, 40
-            # and 120 are all solved, and keep the weights that did best on all three.
-            "optimizer": "adam", "lr": 3e-3, "batch_size": 16, "clip_value": 0.0,
-            "clip_norm": 1.0, "clip_spikes": 2.0, "stop_bit_errors": 0.0, "patience_evals": 2,
-            "eval_sizes": [40, 120], "eval_memory_size": 256, "max_sequences": 60_000,
-            "eval_every": 100,
-            "rollback_bit_errors": 1.0, "lr_decay": 0.3,
-        },
-        "ntm-lstm-paper": {**_PAPER_OPT, "lr": 1e-4, "stop_bit_errors": 0.0, "eval_every": 2000},
-        "ntm-ff": {
-            **_NTM_FF, "controller_size": 100, "optimizer": "adam", "lr": 1e-3, "batch_size": 16,
-            "clip_value": 0.0, "clip_norm": 10.0, "stop_bit_errors": 0.0, "eval_every": 100,
-        },
-        "lstm": {
-            **_LSTM, "controller_size": 256, "optimizer": "adam", "lr": 1e-3, "batch_size": 16,
-            "clip_value": 0.0, "clip_norm": 10.0, "stop_bit_errors": 0.0, "eval_every": 100,
-        },
-    },
-    "repeat_copy": {
-        # Adam 3e-3: solved after 246,400 sequences (1,085 s here), by timing its loops with
-        # the LSTM (0% perfect at L = 15); at 1e-3 no progress in 222,000.
-        "ntm-lstm": {"lr": 3e-3, "optimizer": "adam", "batch_size": 16, "clip_norm": 10.0,
-                     "clip_value": 0.0, "stop_bit_errors": 0.0, "eval_every": 200},
-        # This task's default, and the recipe of the model the shipped one was fine-tuned from
-        # (seed 0; docs/results.md, where the fine-tune is too): the paper's optimiser,
-        # validated at L = 15 and 20 once L <= 10 is solved, keeping the weights best there.
-        # Seed 0's kept weights (from 107,500 sequences) are 98.9% perfect at L = 20, R = 10; of
-        # five seeds, all solved L <= 10, three are >= 97% perfect at L = 15 and one >= 90% at
-        # L = 20 (docs/results.md).
-        "ntm-lstm-paper": {**_PAPER_OPT, "lr": 1e-4, "eval_sizes": [15, 20],
-                           "eval_size_sequences": 200, "max_sequences": 300_000},
-        # The model shipped until 2026-11-25 (seed 8; docs/results.md): a feed-forward controller
-        # cannot count time steps, so it loops over the stored rows by their content and
-        # generalises in length (96% perfect at L = 15, 57% at L = 20, R = 10; the NTM-LSTM 0%).
-        # Validated at L = 15 and 20 once L <= 10 is solved, keeping the weights best there.
-        # The budget is what seed 3 trained in 600 s here (it gave its weights bitwise again).
-        "ntm-ff": {**_NTM_FF, "controller_size": 100, "optimizer": "adam", "lr": 1e-3,
-                   "batch_size": 16, "clip_value": 0.0, "clip_norm": 10.0, "clip_spikes": 2.0,
-                   "eval_every": 200, "stop_bit_errors": 0.0, "eval_sizes": [15, 20],
-                   "max_sequences": 373_808, **_STABLE},
-        "lstm": {**_LSTM, "controller_size": 512, "lr": 3e-5, **_PAPER_OPT},
-    },
-    "associative_recall": {
-        # A learned initial memory row (the same 1e-6 start as the constant, then trained),
-        # spikes clipped at twice the median norm (docs/stability.md) and rows of 40. Seeds 0-9,
-        # 150,000 sequences each: with all three, 9 of 10 had a validation without a wrong bit
-        # (48,000-64,000 sequences), the 10th stayed at ~1 wrong sequence in 256; with rows of
-        # 20, 7 of 10 (median 92,800) and a wrong answer is mostly a query with a close
-        # neighbour among the items; with the learned row alone, 4 of seeds 0-4 converged and
-        # the 5th fell back onto the plateau; with none, 3 of 5 within 130,000 (docs/results.md,
-        # docs/sweeps/).
-        "ntm-lstm": {"lr": 1e-3, "optimizer": "adam", "batch_size": 16, "clip_norm": 10.0,
-                     "clip_value": 0.0, "clip_spikes": 2.0, "stop_bit_errors": 0.0,
-                     "eval_every": 200, "memory_init": "learned", "memory_width": 40},
-        "ntm-lstm-paper": {**_PAPER_OPT, "lr": 1e-4},
-        # The paper's table 2: 4 heads, a controller of 256 (100 is its size for copy, repeat
-        # copy and n-grams; this preset had 100 until the runs in docs/results.md were made),
-        # and its optimiser. Seeds 0-4, 150,000 sequences: 0, 1 and 2 solved the validation
-        # set by 19,000 and 4 at 62,000 (the LSTM's median: 80,000), 3 stayed on the plateau
-        # (seeds 5-9: four by 32,000, seed 8 on the plateau; 8 of 10, the LSTM preset 7 of 10);
-        # without _STABLE seed 2 then fell apart, with it none stayed fallen apart. Seed 0's
-        # kept weights at 60,000 are the shipped model (99.3% perfect at 20 items).
-        "ntm-ff": {**_NTM_FF, "controller_size": 256, "read_heads": 4, "write_heads": 4,
-                   "lr": 1e-4, **_PAPER_OPT, **_STABLE},
-        "lstm": {**_LSTM, "controller_size": 256, "lr": 1e-4, **_PAPER_OPT},
-    },
-    "ngrams": {
-        # No bit-exact solution exists (targets are random): train a fixed budget and compare
-        # the cost with the Bayes-optimal one. The shipped model's recipe (an hour here): Adam
-        # 1e-3, cut to 3e-4 at 350,000 sequences and 9e-5 at 550,000; 0.35% above the optimum
-        # on held-out sequences, where a constant 1e-3 had flattened at ~1% (docs/results.md).
-        "ntm-lstm": {"lr": 1e-3, "optimizer": "adam", "batch_size": 16, "clip_norm": 10.0,
-                     "clip_value": 0.0, "eval_every": 200, "max_sequences": 620_000,
-                     "lr_milestones": [350_000, 550_000], "lr_decay": 0.3},
-        "ntm-lstm-paper": {**_PAPER_OPT, "lr": 3e-5},
-        "ntm-ff": {**_NTM_FF, "controller_size": 100, "lr": 3e-5, **_PAPER_OPT},
-        "lstm": {**_LSTM, "controller_size": 128, "lr": 1e-4, **_PAPER_OPT},
-    },
-    "priority_sort": {
-        # The shipped model's recipe: learned after ~1.4 million sequences, 9.0 bits (chance
-        # 128) at 2 million; 14 minutes on an H100 (--set device=cuda), hours on a CPU. At lr
-        # 1e-3 and batch 256 it was still at 106 bits after 2 million (docs/results.md).
-        "ntm-lstm": {"controller_layers": 2, "read_heads": 5, "write_heads": 5, "lr": 3e-3,
-                     "optimizer": "adam", "batch_size": 256, "clip_norm": 10.0,
-                     "clip_value": 0.0, "eval_every": 100},
-        # The paper's optimiser: on this CPU (one thread, 1.9 hours) off the plateau at ~385,000
-        # sequences and 12.6 bits at a million, the paper's curve; its validation jumped back up
-        # three times on the way (docs/results.md).
-        "ntm-lstm-paper": {"controller_layers": 2, "read_heads": 5, "write_heads": 5,
-                           "lr": 3e-5, **_PAPER_OPT},
-        "ntm-ff": {**_NTM_FF, "controller_size": 512, "read_heads": 8, "write_heads": 8,
-                   "lr": 3e-5, **_PAPER_OPT},
-        # Adam, batches of 16 and norm clipping, as the NTM trained on the CPU; 3e-3 beat 1e-3
-        # (62.2 against 75.3 bits after a million sequences, docs/results.md).
-        "lstm": {**_LSTM, "controller_size": 128, "lr": 3e-3, "optimizer": "adam",
-                 "batch_size": 16, "clip_norm": 10.0, "clip_value": 0.0, "eval_every": 200},
-    },
-    "omniglot": {
-        # LRUA, the paper's MANN (model sizes also MANNOptions' defaults).
-        # A learned key strength per read head: one hour, seed 0, eager engine, no reflections,
-        # 81.0% at the 2nd instance and 88.6% at the 10th, against 73.0% and 87.2% with the
-        # paper's plain cosine (beta = 1).
-        # Regularised against the 179 training characters (2026-11-25, seed 0, one hour each,
-        # two runs at a time): stronger jitter (+/-20 degrees, +/-2.5 pixels, scale by up to
-        # 1.2, shear 0.3), the rate x0.3 at 330,000 and 450,000 episodes and AdamW's decay 0.05:
-        # 92.9% at the 10th instance on 1,000 held-out episodes (92.1-92.7% on five other sets)
-        # against 89.5% without them (docs/results.md). The budget is that run's hour.
-        # Validated and kept on the average of the weights (ema_decay 0.999; 2026-11-25, the
-        # same training paired with and without it, seeds 0 and 1): 93.2% and 93.5% at the 10th
-        # instance, 92.9% on the five other sets, against 92.9%/93.6% and 92.3%/92.7%.
-        "mann": {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
-                 "memory_width": 40, "read_heads": 4, "learned_beta": True,
-                 "max_sequences": 584_080, "lr_milestones": [330_000, 450_000], "lr_decay": 0.3,
-                 "weight_decay": 0.05, "ema_decay": 0.999,
-                 "task_params": {"reflections": True, "max_angle": 20.0, "max_shift": 2.5,
-                                 "max_scale": 0.2, "max_shear": 0.3}},
-        # An NTM with the NTM's addressing at comparable sizes (the paper's NTM comparison).
-        "mann-ntm": {**_OMNIGLOT, "model": "ntm", "controller_size": 200, "memory_size": 128,
-                     "memory_width": 40, "read_heads": 4, "write_heads": 1},
-        # The paper's LSTM baseline: one layer of 200 units.
-        "lstm": {**_OMNIGLOT, "model": "lstm", "controller_size": 200, "controller_layers": 1},
-    },
-}
-# The preset `resolve_config` picks when none is named.
-_DEFAULT_PRESETS = {"omniglot": "mann", "repeat_copy": "ntm-lstm-paper"}
-
-
-def default_preset(task: str) -> str:
-    """The preset of ``task`` that ``ntm train TASK`` uses without ``--preset``."""
-    return _DEFAULT_PRESETS.get(task, "ntm-lstm")
-
-
 # Keys that do not change the model or the data, so a run may be resumed with new values; an lr
 # given replaces the optimizer's current rate and the kept best's (to fine-tune a run at a lower
 # one; `train`'s new_lr says when, `ntm train --resume --set lr=` always), milestones not
@@ -656,8 +489,9 @@ def check_resume(saved: TrainConfig, config: TrainConfig) -> None:
 _INDEX_LISTS = frozenset({"input_max_norm_channels"})
 
 
-def _list_kind(name: str) -> tuple[int, str]:
-    """The least value of list key ``name``, and what its values are called."""
+def list_kind(name: str) -> tuple[int, str]:
+    """The least value of list key ``name`` (a `TrainConfig` field of type ``list[int]``), and
+    what its values are called."""
     if name in _INDEX_LISTS:
         return 0, "integers >= 0"
     return 1, "positive integers"
@@ -675,7 +509,7 @@ def _pair(item: str) -> tuple[int, int] | None:
 
 def _check_type(name: str, value, expected, source: str) -> None:
     if typing.get_origin(expected) is list:  # list[int]
-        least, kind = _list_kind(name)
+        least, kind = list_kind(name)
         if not isinstance(value, list) or not all(
             isinstance(v, int) and not isinstance(v, bool) and v >= least for v in value
         ):
@@ -691,140 +525,6 @@ def _check_type(name: str, value, expected, source: str) -> None:
         raise ConfigError(
             f"{source}: {name} must be {expected.__name__}, got {value!r} ({type(value).__name__})"
         )
-
-
-def _parse_value(text: str, expected, name: str, option: str = "--set"):
-    """Parse a command-line string into ``expected`` (bool, int, float, str), or raise."""
-    try:
-        if typing.get_origin(expected) is list:  # comma-separated integers
-            values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
-            if all(v >= _list_kind(name)[0] for v in values):
-                return values
-            raise ValueError
-        if expected is bool:
-            lowered = text.lower()
-            if lowered in ("1", "true", "yes", "on"):
-                return True
-            if lowered in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if expected is int:
-            return int(text.replace("_", ""))
-        if expected is float:
-            return float(text)
-        if expected is str:
-            return text
-    except ValueError:
-        pass
-    kind = f"comma-separated {_list_kind(name)[1]}" if typing.get_origin(expected) is list else (
-        f"a value of type {expected.__name__}")
-    raise ConfigError(f"{option} {name}={text}: expected {kind}")
-
-
-def _split(item: str, option: str) -> tuple[str, str]:
-    key, sep, text = item.partition("=")
-    key = key.strip()
-    if not sep or not key:
-        raise ConfigError(f"{option} expects key=value, got {item!r}")
-    return key, text
-
-
-def override_keys(overrides: list[str], option: str = "--set") -> set[str]:
-    """The keys that ``key=value`` strings set (as given: ``task.max_length``)."""
-    return {_split(item, option)[0] for item in overrides}
-
-
-def _keys(obj) -> dict[str, str]:
-    """The keys of a `TrainConfig` or a task that ``--set`` may give, and the field of each:
-    every field, but a config's ``task`` names its task's parameters (``task.max_length``), and
-    its task and preset themselves are chosen on the command line."""
-    keys = {f.name: f.name for f in dataclasses.fields(obj)}
-    if isinstance(obj, TrainConfig):
-        del keys["task_params"], keys["preset"]
-        keys["task"] = "task_params"
-    return keys
-
-
-def _valid_keys(obj, group: str) -> str:
-    """The keys of ``obj`` as ``--set`` gives them, inside ``group`` (e.g. ``"task."``)."""
-    keys = _keys(obj)
-    return ", ".join(group + key + (".<key>" if dataclasses.is_dataclass(getattr(obj, keys[key]))
-                                    else "") for key in sorted(keys))
-
-
-def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
-           changes: dict) -> None:
-    """Parse ``prefix + key = text`` to the type of the field that the dotted key names and put
-    it in ``changes``, a dict of the config's changes by key (a nested dict for a nested
-    dataclass). Errors show keys as given, without ``prefix``."""
-    obj, names = config, (prefix + key).split(".")
-    for depth, name in enumerate(names):
-        path = ".".join(names[: depth + 1])[len(prefix) :]  # as given
-        keys = _keys(obj)
-        if name not in keys:
-            raise ConfigError(f"{option} {path}: unknown key; valid keys: "
-                              f"{_valid_keys(obj, path[: len(path) - len(name)])}")
-        value, last = getattr(obj, keys[name]), depth == len(names) - 1
-        if dataclasses.is_dataclass(value):
-            if last:
-                raise ConfigError(f"{option} {path}: holds keys, not a value; valid keys: "
-                                  f"{_valid_keys(value, path + '.')}")
-            obj, changes = value, changes.setdefault(name, {})
-        elif not last:
-            raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
-        else:
-            hint = typing.get_type_hints(type(obj))[keys[name]]
-            changes[name] = _parse_value(text, hint, path, option)
-
-
-def _replace(obj, changes: dict, name: str = "config"):
-    """``obj`` with the ``changes`` that `_parse` gave made to it; a nested dataclass (a task)
-    is rebuilt once with all of its changes, and checks them together."""
-    keys = _keys(obj)
-    values = {keys[key]: _replace(getattr(obj, keys[key]), change, key)
-              if isinstance(change, dict) else change for key, change in changes.items()}
-    try:
-        return dataclasses.replace(obj, **values)
-    except ValueError as e:  # a task rejects its parameters
-        raise ConfigError(f"the {name} cannot be built from this config: {e}") from None
-
-
-def apply_overrides(config: TrainConfig, overrides: list[str], option: str = "--set",
-                    prefix: str = "") -> TrainConfig:
-    """Apply ``key=value`` strings, each parsed to its key's type, then check the config.
-
-    A dotted key sets a key of a nested dataclass: ``task.max_length=30`` the task's. ``prefix``
-    goes before every key (``ntm evaluate --task-set max_length=30`` is ``prefix="task."``);
-    errors name ``option`` and the keys as given. All changes are made at once, so that a task's
-    ``min_length`` and ``max_length`` may be raised together.
-    """
-    changes: dict = {}
-    for item in overrides:
-        key, text = _split(item, option)
-        _parse(config, key, text, option, prefix, changes)
-    config = _replace(config, changes)
-    config.check(option)
-    return config
-
-
-def resolve_config(task: str, preset: str | None = None, overrides: list[str] = (),
-                   seed: int | None = None) -> TrainConfig:
-    """The default config of ``task``, its ``preset`` applied, then ``overrides``, then seed."""
-    if task not in TASKS:
-        raise ConfigError(f"unknown task {task!r}; valid tasks: {', '.join(sorted(TASKS))}")
-    presets = PRESETS[task]
-    preset = default_preset(task) if preset is None else preset
-    if preset not in presets:
-        raise ConfigError(
-            f"unknown preset {preset!r} for task {task!r}; valid presets: {', '.join(presets)}"
-        )
-    config = TrainConfig.from_dict({"task": task, "preset": preset, **presets[preset]},
-                                   source=f"preset {preset!r}")
-    config = apply_overrides(config, list(overrides))
-    if seed is not None:
-        config = dataclasses.replace(config, seed=seed)
-        config.check("--seed")
-    return config
 
 
 def resolve_device(name: str):

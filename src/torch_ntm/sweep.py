@@ -40,8 +40,10 @@ import typing
 from pathlib import Path
 
 from torch_ntm.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint
-from torch_ntm.config import ConfigError, apply_overrides, differing_keys, resolve_config
+from torch_ntm.config import ConfigError, differing_keys
 from torch_ntm.factories import build_model, build_task
+from torch_ntm.overrides import apply_overrides
+from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
 
 __all__ = ["run_sweep", "parse_grid", "GridPoint", "summarise", "format_report",
@@ -139,7 +141,7 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         seeds: how many seeds, >= 1.
         jobs: how many trainings run at once, >= 1 (default `DEFAULT_JOBS`; with Ray, as many
             as the cluster has room for, and a new local instance gets ``jobs`` CPUs).
-        preset: the preset (default: the task's, `torch_ntm.config.default_preset`); its
+        preset: the preset (default: the task's, `torch_ntm.presets.default_preset`); its
             ``stop_bit_errors`` (or one given in ``overrides`` or the grid) is the convergence
             threshold, 0 when negative.
         overrides: ``key=value`` strings as for ``ntm train --set`` (not ``seed`` or

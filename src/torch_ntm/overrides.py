@@ -1,0 +1,129 @@
+"""The ``--set key=value`` parser: strings from the command line to a checked `TrainConfig`.
+
+Each value is parsed to its key's type (``list[int]`` from comma-separated integers, ``bool`` from
+true/false/yes/no/on/off/1/0); a dotted key sets a key of a nested dataclass (``task.max_length``,
+the task's); unknown keys are refused with the valid ones listed.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import typing
+
+from torch_ntm.config import ConfigError, TrainConfig, list_kind
+
+__all__ = ["apply_overrides", "override_keys"]
+
+
+def _parse_value(text: str, expected, name: str, option: str = "--set"):
+    """Parse a command-line string into ``expected`` (bool, int, float, str), or raise."""
+    try:
+        if typing.get_origin(expected) is list:  # comma-separated integers
+            values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]
+            if all(v >= list_kind(name)[0] for v in values):
+                return values
+            raise ValueError
+        if expected is bool:
+            lowered = text.lower()
+            if lowered in ("1", "true", "yes", "on"):
+                return True
+            if lowered in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if expected is int:
+            return int(text.replace("_", ""))
+        if expected is float:
+            return float(text)
+        if expected is str:
+            return text
+    except ValueError:
+        pass
+    kind = f"comma-separated {list_kind(name)[1]}" if typing.get_origin(expected) is list else (
+        f"a value of type {expected.__name__}")
+    raise ConfigError(f"{option} {name}={text}: expected {kind}")
+
+
+def _split(item: str, option: str) -> tuple[str, str]:
+    key, sep, text = item.partition("=")
+    key = key.strip()
+    if not sep or not key:
+        raise ConfigError(f"{option} expects key=value, got {item!r}")
+    return key, text
+
+
+def override_keys(overrides: list[str], option: str = "--set") -> set[str]:
+    """The keys that ``key=value`` strings set (as given: ``task.max_length``)."""
+    return {_split(item, option)[0] for item in overrides}
+
+
+def _keys(obj) -> dict[str, str]:
+    """The keys of a `TrainConfig` or a task that ``--set`` may give, and the field of each:
+    every field, but a config's ``task`` names its task's parameters (``task.max_length``), and
+    its task and preset themselves are chosen on the command line."""
+    keys = {f.name: f.name for f in dataclasses.fields(obj)}
+    if isinstance(obj, TrainConfig):
+        del keys["task_params"], keys["preset"]
+        keys["task"] = "task_params"
+    return keys
+
+
+def _valid_keys(obj, group: str) -> str:
+    """The keys of ``obj`` as ``--set`` gives them, inside ``group`` (e.g. ``"task."``)."""
+    keys = _keys(obj)
+    return ", ".join(group + key + (".<key>" if dataclasses.is_dataclass(getattr(obj, keys[key]))
+                                    else "") for key in sorted(keys))
+
+
+def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
+           changes: dict) -> None:
+    """Parse ``prefix + key = text`` to the type of the field that the dotted key names and put
+    it in ``changes``, a dict of the config's changes by key (a nested dict for a nested
+    dataclass). Errors show keys as given, without ``prefix``."""
+    obj, names = config, (prefix + key).split(".")
+    for depth, name in enumerate(names):
+        path = ".".join(names[: depth + 1])[len(prefix) :]  # as given
+        keys = _keys(obj)
+        if name not in keys:
+            raise ConfigError(f"{option} {path}: unknown key; valid keys: "
+                              f"{_valid_keys(obj, path[: len(path) - len(name)])}")
+        value, last = getattr(obj, keys[name]), depth == len(names) - 1
+        if dataclasses.is_dataclass(value):
+            if last:
+                raise ConfigError(f"{option} {path}: holds keys, not a value; valid keys: "
+                                  f"{_valid_keys(value, path + '.')}")
+            obj, changes = value, changes.setdefault(name, {})
+        elif not last:
+            raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
+        else:
+            hint = typing.get_type_hints(type(obj))[keys[name]]
+            changes[name] = _parse_value(text, hint, path, option)
+
+
+def _replace(obj, changes: dict, name: str = "config"):
+    """``obj`` with the ``changes`` that `_parse` gave made to it; a nested dataclass (a task)
+    is rebuilt once with all of its changes, and checks them together."""
+    keys = _keys(obj)
+    values = {keys[key]: _replace(getattr(obj, keys[key]), change, key)
+              if isinstance(change, dict) else change for key, change in changes.items()}
+    try:
+        return dataclasses.replace(obj, **values)
+    except ValueError as e:  # a task rejects its parameters
+        raise ConfigError(f"the {name} cannot be built from this config: {e}") from None
+
+
+def apply_overrides(config: TrainConfig, overrides: list[str], option: str = "--set",
+                    prefix: str = "") -> TrainConfig:
+    """Apply ``key=value`` strings, each parsed to its key's type, then check the config.
+
+    A dotted key sets a key of a nested dataclass: ``task.max_length=30`` the task's. ``prefix``
+    goes before every key (``ntm evaluate --task-set max_length=30`` is ``prefix="task."``);
+    errors name ``option`` and the keys as given. All changes are made at once, so that a task's
+    ``min_length`` and ``max_length`` may be raised together.
+    """
+    changes: dict = {}
+    for item in overrides:
+        key, text = _split(item, option)
+        _parse(config, key, text, option, prefix, changes)
+    config = _replace(config, changes)
+    config.check(option)
+    return config
