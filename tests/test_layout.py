@@ -146,3 +146,16 @@ def test_no_import_circle():
     for module in sorted(graph):
         if module != "__init__":
             visit(module)
+
+
+def test_no_module_imports_another_modules_private_names():
+    """What two modules share has a public name in one of them (an engine reads a model through
+    its public attributes; MANN uses the shared checks of torch_ntm.checks)."""
+    src = Path(__file__).parents[1].joinpath("src", "torch_ntm")
+    found = []
+    for path in src.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("torch_ntm"):
+                found += [f"{path.relative_to(src)}: {node.module}.{a.name}" for a in node.names
+                          if a.name.startswith("_")]
+    assert found == []

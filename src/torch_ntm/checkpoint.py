@@ -42,6 +42,7 @@ from torch_ntm.config import ConfigError, TrainConfig
 from torch_ntm.factories import build_model, build_task, model_config
 
 __all__ = [
+    "atomic_write",
     "CheckpointError",
     "Checkpoint",
     "KeptWeights",
@@ -63,7 +64,7 @@ LOCK = ".lock"  # held (flock) by the one process that writes the run
 _FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
                "train_state": re.compile(r"train-state-[0-9]+\.safetensors"),
                "best": re.compile(r"best-[0-9]+\.safetensors")}
-# Temporary files of `_atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
+# Temporary files of `atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
 _TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state|best)-[0-9]+"
                         r"\.safetensors)\.[A-Za-z0-9_]+\.tmp")
 
@@ -97,7 +98,7 @@ def _current_umask() -> int:
 _UMASK = _current_umask()
 
 
-def _atomic_write(path: Path, data: bytes) -> None:
+def atomic_write(path: Path, data: bytes) -> None:
     """Write ``data`` to ``path`` so that ``path`` is either the old or the complete new file."""
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
@@ -175,7 +176,7 @@ def save_checkpoint(
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
     weights_name = f"weights-{step:08d}.safetensors"
-    _atomic_write(run_dir / weights_name, st_save(_cpu_contiguous(model.state_dict())))
+    atomic_write(run_dir / weights_name, st_save(_cpu_contiguous(model.state_dict())))
     record = {
         "format": FORMAT,
         "version": VERSION,
@@ -196,7 +197,7 @@ def save_checkpoint(
             tensors["rng.data"] = data_generator.get_state()
         tensors.update({f"averaged.{name}": value for name, value in (averaged or {}).items()})
         state_name = f"train-state-{step:08d}.safetensors"
-        _atomic_write(run_dir / state_name, st_save(_cpu_contiguous(tensors)))
+        atomic_write(run_dir / state_name, st_save(_cpu_contiguous(tensors)))
         record["optimizer"] = meta
         record["train_state"] = state_name
         record["train_state_sha256"] = _sha256(run_dir / state_name)
@@ -207,10 +208,10 @@ def save_checkpoint(
             optim_tensors, meta = _optimizer_split(best.optimizer)
             tensors.update(optim_tensors)
         best_name = f"best-{step:08d}.safetensors"
-        _atomic_write(run_dir / best_name, st_save(_cpu_contiguous(tensors)))
+        atomic_write(run_dir / best_name, st_save(_cpu_contiguous(tensors)))
         record.update(best=best_name, best_sha256=_sha256(run_dir / best_name),
                       best_optimizer=meta, best_metrics=dict(best.metrics))
-    _atomic_write(json_path, json.dumps(record, indent=2).encode())
+    atomic_write(json_path, json.dumps(record, indent=2).encode())
     _remove_superseded(run_dir, {record["weights"], record.get("train_state"), record.get("best")})
     return json_path
 

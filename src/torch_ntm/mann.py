@@ -31,18 +31,18 @@ from torch import Tensor, nn
 
 from torch_ntm import engines
 from torch_ntm import functional as ntmf
+from torch_ntm.checks import (
+    cell_step,
+    check_input_dtype,
+    check_state_tensors,
+    one_dtype,
+    positive_int,
+    read_only_options,
+)
+from torch_ntm.controllers import LSTMController
 from torch_ntm.engines import mann as native
 from torch_ntm.layout import NTMState
-from torch_ntm.model import (
-    MEMORY_INIT_CONSTANT,
-    LSTMController,
-    _cell_step,
-    _check_input_dtype,
-    _check_state_tensors,
-    _one_dtype,
-    _positive_int,
-    _read_only_options,
-)
+from torch_ntm.model import MEMORY_INIT_CONSTANT
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
 
@@ -102,7 +102,7 @@ class MANNOptions:
             ValueError: naming the first invalid option and what it must be.
         """
         for name in ("controller_size", "memory_size", "memory_width", "read_heads"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         decay = self.usage_decay
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
             raise ValueError(f"usage_decay must be a number in [0, 1], got {decay!r}")
@@ -128,7 +128,7 @@ class HeadParameters(NamedTuple):
     beta: Tensor  # beta, (B, H, 1), softplus if learned, else 1 (the paper's plain cosine)
 
 
-@_read_only_options(MANNOptions)  # mann.memory_size, ...
+@read_only_options(MANNOptions)  # mann.memory_size, ...
 class _MANNBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `MANNCell` and `MANN`."""
 
@@ -138,8 +138,8 @@ class _MANNBase(nn.Module):
                  learned_beta: bool = False, device=None, dtype=None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.input_size = _positive_int("input_size", input_size)
-        self.output_size = _positive_int("output_size", output_size)
+        self.input_size = positive_int("input_size", input_size)
+        self.output_size = positive_int("output_size", output_size)
         self.options = MANNOptions(controller_size, memory_size, memory_width, read_heads,
                                    usage_decay, write_vector, learned_beta).checked()
 
@@ -193,7 +193,7 @@ class _MANNBase(nn.Module):
         Returns:
             `MANNState` (shapes as documented there).
         """
-        _positive_int("batch_size", batch_size)
+        positive_int("batch_size", batch_size)
         device = self._ref.device if device is None else device
         dtype = self._ref.dtype if dtype is None else dtype
         b, n, m, h = batch_size, self.memory_size, self.memory_width, self.read_heads
@@ -208,7 +208,7 @@ class _MANNBase(nn.Module):
         )
 
     def _check_dtype(self, x: Tensor) -> None:
-        _check_input_dtype(self, x, self._ref.dtype)
+        check_input_dtype(self, x, self._ref.dtype)
 
     def _check_state(self, state: MANNState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, MANNState):
@@ -230,7 +230,7 @@ class _MANNBase(nn.Module):
                     f"memory {n}x{m}, {h} heads); was the state made for another batch size or "
                     f"model?"
                 )
-        _check_state_tensors(state, ref)
+        check_state_tensors(state, ref)
 
     def _heads(self, raw: Tensor) -> HeadParameters:
         """Split ``[B, H, sum(fields)]`` raw parameters into named, activated fields."""
@@ -280,7 +280,7 @@ class MANNCell(_MANNBase):
         Returns:
             ``(logits [B, output_size], state)``.
         """
-        return _cell_step(self, x, state)
+        return cell_step(self, x, state)
 
 
 class MANN(_MANNBase):
@@ -379,5 +379,5 @@ class MANN(_MANNBase):
                 y, state = self._step(x_t, state)
                 outputs.append(y)
             y = torch.stack(outputs)  # (T, B, output_size)
-        return _one_dtype((y.transpose(0, 1) if self.batch_first else y), state, x)
+        return one_dtype((y.transpose(0, 1) if self.batch_first else y), state, x)
 

@@ -24,12 +24,23 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from torch_ntm import engines
 from torch_ntm import functional as ntmf
+from torch_ntm.checks import (
+    bound,
+    cell_step,
+    check_input_dtype,
+    check_state_tensors,
+    choice,
+    describe_shapes,
+    one_dtype,
+    positive_int,
+    read_only_options,
+)
+from torch_ntm.controllers import CONTROLLERS, LSTMController
 from torch_ntm.engines import ntm as native
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
 
@@ -57,126 +68,6 @@ class NTMTrace(NamedTuple):
     read_gamma: Tensor  # (T, B, Hr) sharpening exponents of the read heads
     write_beta: Tensor  # (T, B, Hw)
     write_gamma: Tensor  # (T, B, Hw)
-
-
-class LSTMController(nn.Module):
-    """A stack of LSTM cells with a learned initial state and forget-gate bias 1."""
-
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int, **factory) -> None:
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.cells = nn.ModuleList(
-            nn.LSTMCell(input_size if i == 0 else hidden_size, hidden_size, **factory)
-            for i in range(num_layers)
-        )
-        self.h0 = nn.Parameter(torch.empty(num_layers, hidden_size, **factory))
-        self.c0 = nn.Parameter(torch.empty(num_layers, hidden_size, **factory))
-
-    def reset_parameters(self) -> None:
-        for cell in self.cells:
-            cell.reset_parameters()
-            # Gate order is (input, forget, cell, output); bias_ih + bias_hh is the gate's bias.
-            c = self.hidden_size
-            with torch.no_grad():
-                cell.bias_ih[c : 2 * c].fill_(1.0)
-                cell.bias_hh[c : 2 * c].fill_(0.0)
-        nn.init.normal_(self.h0, std=0.1)
-        nn.init.normal_(self.c0, std=0.1)
-
-    def initial_state(self, batch_size: int) -> tuple:
-        shape = (self.num_layers, batch_size, self.hidden_size)
-        return (self.h0.unsqueeze(1).expand(shape), self.c0.unsqueeze(1).expand(shape))
-
-    def forward(self, x: Tensor, state: tuple) -> tuple[Tensor, tuple]:
-        h_prev, c_prev = state
-        hs, cs = [], []
-        # torch.vmap has no batching rule for nn.LSTMCell's fused op: there, the same cell of
-        # plain ops (equal to float rounding)
-        step = _lstm_cell if _under_torch_func() else _fused_lstm_cell
-        for layer, cell in enumerate(self.cells):
-            h, c = step(cell, x, (h_prev[layer], c_prev[layer]))
-            hs.append(h)
-            cs.append(c)
-            x = h
-        return x, (torch.stack(hs), torch.stack(cs))
-
-
-def _fused_lstm_cell(cell: nn.LSTMCell, x: Tensor, state: tuple) -> tuple[Tensor, Tensor]:
-    """`nn.LSTMCell`'s own step (one fused op)."""
-    return cell(x, state)
-
-
-def _lstm_cell(cell: nn.LSTMCell, x: Tensor, state: tuple) -> tuple[Tensor, Tensor]:
-    """`nn.LSTMCell`'s step in plain ops (gate order input, forget, cell, output)."""
-    h, c = state
-    gates = F.linear(x, cell.weight_ih, cell.bias_ih) + F.linear(h, cell.weight_hh, cell.bias_hh)
-    i, f, g, o = gates.chunk(4, -1)
-    c = torch.sigmoid(f) * c + torch.sigmoid(i) * torch.tanh(g)
-    return torch.sigmoid(o) * torch.tanh(c), c
-
-
-class FeedForwardController(nn.Module):
-    """Stacked tanh layers; its state is empty, so the NTM's only memory is the external one."""
-
-    def __init__(self, input_size: int, hidden_size: int, num_layers: int, **factory) -> None:
-        super().__init__()
-        self.hidden_size = hidden_size
-        self.num_layers = num_layers
-        self.layers = nn.ModuleList(
-            nn.Linear(input_size if i == 0 else hidden_size, hidden_size, **factory)
-            for i in range(num_layers)
-        )
-
-    def reset_parameters(self) -> None:
-        for layer in self.layers:
-            layer.reset_parameters()
-
-    def initial_state(self, batch_size: int) -> tuple:
-        return ()
-
-    def forward(self, x: Tensor, state: tuple) -> tuple[Tensor, tuple]:
-        for layer in self.layers:
-            x = torch.tanh(layer(x))
-        return x, ()
-
-
-CONTROLLERS: dict[str, type[nn.Module]] = {
-    "lstm": LSTMController,
-    "feedforward": FeedForwardController,
-}
-
-
-def _choice(kind: str, value: str, valid) -> str:
-    if value not in valid:
-        raise ValueError(f"unknown {kind} {value!r}; valid choices: {', '.join(sorted(valid))}")
-    return value
-
-
-def _positive_int(name: str, value, minimum: int = 1) -> int:
-    # (a SymInt is a size that torch.export keeps symbolic, such as a dynamic batch size)
-    if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < minimum:
-        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
-    return value
-
-
-def _bound(name: str, value, above: float) -> float | None:
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not (
-        above < value < math.inf
-    ):
-        raise ValueError(f"{name} must be None (unbounded) or a number > {above}, got {value!r}")
-    return float(value)
-
-
-def _shapes(value):
-    """A short description of a state part for an error message: shapes, not values."""
-    if isinstance(value, Tensor):
-        return f"a tensor of shape {list(value.shape)}"
-    if isinstance(value, tuple):
-        return "(" + ", ".join(_shapes(v) for v in value) + ")"
-    return type(value).__name__
 
 
 @dataclass
@@ -208,15 +99,15 @@ class NTMOptions:
         Raises:
             ValueError: naming the first invalid option and what it must be.
         """
-        _choice("controller", self.controller, CONTROLLERS)
+        choice("controller", self.controller, CONTROLLERS)
         for name in ("controller_size", "controller_layers", "memory_size", "memory_width",
                      "read_heads"):
-            _positive_int(name, getattr(self, name))
+            positive_int(name, getattr(self, name))
         for name in ("write_heads", "shift_range"):
-            _positive_int(name, getattr(self, name), minimum=0)
-        _choice("memory_init", self.memory_init, MEMORY_INITS)
-        caps = {"max_beta": _bound("max_beta", self.max_beta, 0.0),
-                "max_gamma": _bound("max_gamma", self.max_gamma, 1.0)}
+            positive_int(name, getattr(self, name), minimum=0)
+        choice("memory_init", self.memory_init, MEMORY_INITS)
+        caps = {"max_beta": bound("max_beta", self.max_beta, 0.0),
+                "max_gamma": bound("max_gamma", self.max_gamma, 1.0)}
         if 2 * self.shift_range + 1 > self.memory_size:
             raise ValueError(
                 f"shift_range={self.shift_range} needs 2*shift_range+1 <= memory_size, "
@@ -241,36 +132,8 @@ def _options_in_signature(init):
     return init
 
 
-def _read_only_options(options_type, renamed: dict[str, str] | None = None):
-    """A class decorator: each field of the dataclass ``options_type`` becomes a read-only
-    attribute of the module class that reads ``self.options`` (``ntm.memory_size``), under its
-    name in ``renamed`` if there. Read-only, because the options shape the parameters and the
-    engines' cached layouts: an option assigned afterwards would reach some engines and not
-    others."""
-
-    def attribute(field: str, name: str) -> property:
-        def get(self):
-            return getattr(self.options, field)
-
-        def refuse(self, value):
-            raise AttributeError(
-                f"{type(self).__name__}.{name} is fixed when the module is built; build a new one "
-                f"with {field}={value!r} (load_state_dict copies the weights where the shapes "
-                f"agree)")
-
-        return property(get, refuse, doc=f"``options.{field}`` (read-only)")
-
-    def install(cls):
-        for f in dataclasses.fields(options_type):
-            name = (renamed or {}).get(f.name, f.name)
-            setattr(cls, name, attribute(f.name, name))
-        return cls
-
-    return install
-
-
 # The controller's name is controller_type: ntm.controller is the controller module.
-@_read_only_options(NTMOptions, renamed={"controller": "controller_type"})
+@read_only_options(NTMOptions, renamed={"controller": "controller_type"})
 class _NTMBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `NTMCell` and `NTM`.
 
@@ -282,14 +145,14 @@ class _NTMBase(nn.Module):
                  **options) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
-        self.input_size = _positive_int("input_size", input_size)
-        self.output_size = _positive_int("output_size", output_size)
+        self.input_size = positive_int("input_size", input_size)
+        self.output_size = positive_int("output_size", output_size)
         unknown = sorted(set(options) - {f.name for f in dataclasses.fields(NTMOptions)})
         if unknown:  # valid: every keyword of the class's own signature (NTM's engine too)
             valid = list(inspect.signature(type(self)).parameters)[2:]
             raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; valid: {', '.join(valid)}")
-        self.options = NTMOptions(**options).checked()  # each an attribute: `_read_only_options`
+        self.options = NTMOptions(**options).checked()  # each an attribute: `read_only_options`
 
         opt = self.options
         m, shifts = opt.memory_width, 2 * opt.shift_range + 1
@@ -343,7 +206,7 @@ class _NTMBase(nn.Module):
         Returns:
             `NTMState` with memory ``[B, N, M]``, weightings ``[B, H, N]``, reads ``[B, Hr, M]``.
         """
-        _positive_int("batch_size", batch_size)
+        positive_int("batch_size", batch_size)
         ref = self.reads0
         device = ref.device if device is None else device
         dtype = ref.dtype if dtype is None else dtype
@@ -381,7 +244,7 @@ class _NTMBase(nn.Module):
                 f"{type(self).__name__} does not run in float16 (its gradients overflow); use "
                 f"bfloat16 parameters, or float32 ones under torch.autocast(dtype=torch.float16)"
             )
-        _check_input_dtype(self, x, self.reads0.dtype)
+        check_input_dtype(self, x, self.reads0.dtype)
 
     def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
         if not isinstance(state, NTMState):
@@ -408,12 +271,13 @@ class _NTMBase(nn.Module):
                     isinstance(t, Tensor) and list(t.shape) == shape for t in got)):
                 raise ValueError(
                     f"state.controller must be (h, c), each of shape {shape}, for this LSTM "
-                    f"controller; got {_shapes(got)}: was the state made for another controller?"
+                    f"controller; got {describe_shapes(got)}: was the state made for another "
+                    f"controller?"
                 )
         elif not (isinstance(got, tuple) and not got):
             raise ValueError(f"state.controller must be () for a feed-forward controller; got "
-                             f"{_shapes(got)}: was the state made for another controller?")
-        _check_state_tensors(state, ref)
+                             f"{describe_shapes(got)}: was the state made for another controller?")
+        check_state_tensors(state, ref)
 
     def _step(self, x: Tensor, state: NTMState, record: bool = False):
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
@@ -454,75 +318,6 @@ def _where_batch(mask: Tensor, new, old, dim: int):
     return torch.where(mask.view(shape), new, old)
 
 
-def _cell_step(cell: nn.Module, x: object, state):
-    """A cell's forward (`NTMCell`, `torch_ntm.MANNCell`): one step from ``state`` (None: the
-    initial state), after a clear error unless ``x`` is one step's input ``[batch,
-    cell.input_size]`` in the parameters' dtype and ``state`` fits it."""
-    _check_cell_input(cell, x)
-    cell._check_dtype(x)
-    if state is None:
-        state = cell.initial_state(x.shape[0], x.device, x.dtype)
-    else:
-        cell._check_state(state, x.shape[0], x)
-    return _one_dtype(*cell._step(x, state), x)
-
-
-def _one_dtype(y: Tensor, state, x: Tensor):
-    """``(y, state)`` with the state in ``x``'s dtype throughout: under `torch.autocast` a step
-    leaves it mixed (the linear layers' outputs, so the weightings and reads, in the low
-    precision; the memory and LSTM cells in the parameters'), and a state passed back is
-    checked against the input's dtype."""
-    if torch.is_autocast_enabled(x.device.type):  # an NTMState or a MANNState
-        state = state.map(lambda t: t.to(x.dtype))
-    return y, state
-
-
-def _check_input_dtype(module: nn.Module, x: Tensor, dtype: torch.dtype) -> None:
-    """A clear error unless ``x`` has the parameters' ``dtype`` (no engine converts it), with
-    the fix (the model's conversion only for a floating input: an NTM of int64 cannot run)."""
-    if x.dtype != dtype:
-        fix = f"convert with x.to({dtype})"
-        if x.dtype.is_floating_point:
-            fix += f" or the model with .to({x.dtype})"
-        raise ValueError(f"{type(module).__name__} expects input of dtype {dtype} (its "
-                         f"parameters'), got {x.dtype}; {fix}")
-
-
-def _under_torch_func() -> bool:
-    """Whether a `torch.func` transform (grad, vmap, jacrev, ...) is running: nn.LSTMCell's fused
-    op has no batching rule there, so a plain-op LSTM cell runs instead."""
-    return torch._C._are_functorch_transforms_active()
-
-
-def _check_state_tensors(state, ref: Tensor) -> None:
-    """Every tensor of ``state`` (an `NTMState` or `torch_ntm.MANNState`) in the dtype and on the
-    device of the input ``ref``, or a clear error naming the first that is not."""
-    for name, t in state.tensors().items():
-        if t.dtype != ref.dtype:
-            raise ValueError(f"state.{name} has dtype {t.dtype} but the input {ref.dtype}: "
-                             f"pass a state of the input's dtype, e.g. "
-                             f"state.map(lambda t: t.to({ref.dtype}))")
-        if t.device != ref.device:
-            raise ValueError(f"state.{name} is on {t.device} but the input is on "
-                             f"{ref.device}: move it, e.g. state.map(lambda t: "
-                             f"t.to('{ref.device}'))")
-
-
-def _check_cell_input(cell: nn.Module, x: object) -> None:
-    """Raise a clear error unless ``x`` is a tensor ``[batch, cell.input_size]`` (a sequence
-    belongs to the module without "Cell")."""
-    name = type(cell).__name__
-    shape = f"[batch, {cell.input_size}]"
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{name} expects a tensor of shape {shape}, got {type(x).__name__}")
-    if x.dim() != 2 or x.shape[1] != cell.input_size:
-        raise ValueError(f"{name} expects input of shape {shape}, got {list(x.shape)}; for a "
-                         f"sequence [time, batch, {cell.input_size}] use "
-                         f"{name.removesuffix('Cell')}")
-    if x.shape[0] == 0:
-        raise ValueError(f"{name} got a batch of 0 inputs")
-
-
 class NTMCell(_NTMBase):
     """One step of a Neural Turing Machine.
 
@@ -545,7 +340,7 @@ class NTMCell(_NTMBase):
         Returns:
             ``(logits [B, output_size], state)``.
         """
-        return _cell_step(self, x, state)
+        return cell_step(self, x, state)
 
 
 class NTM(_NTMBase):
@@ -712,7 +507,7 @@ class NTM(_NTMBase):
         for x_t in x:
             y, state = self._step(x_t, state)
             outputs.append(y)
-        return _one_dtype(self._finish(torch.stack(outputs)), state, x)
+        return one_dtype(self._finish(torch.stack(outputs)), state, x)
 
     def _forward_scan(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
@@ -749,5 +544,5 @@ class NTM(_NTMBase):
             rows.append((state.read_weights, state.write_weights, wp.erase, wp.add, state.memory,
                          rp.beta[..., 0], rp.gamma[..., 0], wp.beta[..., 0], wp.gamma[..., 0]))
         trace = NTMTrace(*(torch.stack(col) for col in zip(*rows)))
-        y, state = _one_dtype(self._finish(torch.stack(outputs)), state, x)
+        y, state = one_dtype(self._finish(torch.stack(outputs)), state, x)
         return y, state, trace

@@ -88,7 +88,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, extra_fields: tuple[str, ...] = (),
                  resume_at: tuple[int, int] | None = None):
-        from torch_ntm.checkpoint import _atomic_write
+        from torch_ntm.checkpoint import atomic_write
 
         self.path = run_dir / "metrics.csv"
         self.fields = [*FIELDS, *extra_fields]
@@ -100,7 +100,7 @@ class MetricsLog:
         writer = csv.DictWriter(text, self.fields, extrasaction="ignore")
         writer.writeheader()
         writer.writerows(rows)
-        _atomic_write(self.path, text.getvalue().encode())
+        atomic_write(self.path, text.getvalue().encode())
         self.tb = None
         try:
             from torch.utils.tensorboard import SummaryWriter

@@ -9,7 +9,7 @@ from typing import ClassVar, NamedTuple
 import torch
 from torch import Tensor
 
-__all__ = ["Batch", "Task", "LOSSES"]
+__all__ = ["Batch", "Task", "LOSSES", "check_int"]
 
 # How a task's targets are scored (`torch_ntm.metrics.objective`): "bce", independent bits (the
 # algorithmic tasks); "cross_entropy", labels, one softmax per group of units (Omniglot).
@@ -73,7 +73,7 @@ class Task:
         it) and the rest of its distribution; one with a fixed size generates exactly ``size``.
         ``up_to(train_size)`` is the task itself.
         """
-        _check_int("size", size, 1)
+        check_int("size", size, 1)
         if self.size_range is None:
             return self if size == self.train_size else self.with_size(size)
         low, high = self.size_range
@@ -99,7 +99,7 @@ class Task:
             `Batch` of inputs ``[T, B, input_size]`` and targets ``[T, B, output_size]``,
             float32, and mask ``[T, B]``, bool (batch and time swapped if ``batch_first``).
         """
-        _check_int("batch_size", batch_size, 1)
+        check_int("batch_size", batch_size, 1)
         if generator is not None and not isinstance(generator, torch.Generator):
             raise TypeError(f"generator must be a torch.Generator (or None), got "
                             f"{type(generator).__name__}; for a seed, pass "
@@ -138,7 +138,7 @@ class Task:
 
     def _check(self, **minimums: int) -> None:
         for field, minimum in minimums.items():
-            _check_int(f"{type(self).__name__}.{field}", getattr(self, field), minimum)
+            check_int(f"{type(self).__name__}.{field}", getattr(self, field), minimum)
 
     def _check_range(self, low: str, high: str) -> None:
         if getattr(self, low) > getattr(self, high):
@@ -148,7 +148,8 @@ class Task:
             )
 
 
-def _check_int(name: str, value, minimum: int) -> None:
+def check_int(name: str, value, minimum: int) -> None:
+    """A `ValueError` naming ``name`` unless ``value`` is an integer >= ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
 

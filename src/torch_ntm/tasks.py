@@ -40,7 +40,7 @@ from torch import Tensor
 
 from torch_ntm.metrics import bit_errors
 from torch_ntm.omniglot import OmniglotTask
-from torch_ntm.task_base import Batch, Task, _check_int
+from torch_ntm.task_base import Batch, Task, check_int
 
 __all__ = [
     "Batch",
@@ -506,7 +506,7 @@ class PrioritySortTask(Task):
         return self.num_inputs
 
     def with_size(self, size: int) -> PrioritySortTask:
-        _check_int("size", size, 1)
+        check_int("size", size, 1)
         outputs = math.floor(size * self.num_outputs / self.num_inputs + 0.5)
         close = min(self.close_pairs, size // 2)
         return dataclasses.replace(self, num_inputs=size, num_outputs=min(size, max(1, outputs)),
