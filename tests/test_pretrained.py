@@ -9,8 +9,9 @@ import torch
 from torch_ntm import pretrained
 from torch_ntm.checkpoint import load_checkpoint
 from torch_ntm.cli import main
-from torch_ntm.config import ConfigError, resolve_config
+from torch_ntm.config import ConfigError
 from torch_ntm.evaluate import evaluate_batches, evaluate_sizes
+from torch_ntm.presets import resolve_config
 from torch_ntm.train import train, validation_batches
 
 TINY = ["task.max_length=3", "task.width=4", "memory_size=8", "memory_width=4",
@@ -164,9 +165,10 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
     n = got["sequences"]
     assert n == recorded["sequences"]
     assert got["cost_bits"] == pytest.approx(recorded["cost_bits"], rel=1e-3), name
-    # Float rounding (trained with compiled steps, evaluated without) may flip a borderline bit.
-    assert abs(got["bit_errors"] - recorded["bit_errors"]) <= 1.0 / n, name
-    assert abs(got["perfect"] - recorded["perfect"]) <= 1.0 / n, name
+    # Float rounding (trained on another engine than the one evaluating) may flip a borderline
+    # bit or label: one in n at most (and the float32 rounding of the recorded figures, 1e-6).
+    assert abs(got["bit_errors"] - recorded["bit_errors"]) <= 1.0 / n + 1e-6, name
+    assert abs(got["perfect"] - recorded["perfect"]) <= 1.0 / n + 1e-6, name
 
 
 @pytest.mark.parametrize("name", ["copy", "omniglot"])
