@@ -13,8 +13,9 @@ from torch_ntm import MANN, MANNState
 from torch_ntm import functional as F
 from torch_ntm.engines import library
 
-pytestmark = pytest.mark.skipif(not library.available(),
-                                reason=f"native library not built: {library.error()}")
+pytestmark = pytest.mark.skipif(
+    not (library.available() and library.available(torch.float64)),
+    reason=f"native library not built: {library.error() or library.error(torch.float64)}")
 
 IN, OUT = 6, 4
 TOL = {"rtol": 1e-10, "atol": 1e-12}

@@ -2,6 +2,8 @@
 engine shares, is test_engines.py): vector widths and tails, its AVX2 build, memories in
 separate blocks, a large batch in chunks, the reuse of freed memory, and errors from C++."""
 
+import ctypes
+
 import pytest
 import torch
 from test_engines import CONFIGS, SMALL, _assert_same, _eager, _model_and_input, _run
@@ -11,7 +13,8 @@ from torch_ntm.engines import library
 from torch_ntm.engines import ntm as native
 
 pytestmark = pytest.mark.skipif(
-    not library.available(), reason=f"native library not built: {library.error()}")
+    not (library.available() and library.available(torch.float64)),
+    reason=f"native library not built: {library.error() or library.error(torch.float64)}")
 
 
 def _native(model):
@@ -44,7 +47,7 @@ for engine in ("eager", "native"):
     logits, _ = model(x)
     grads = torch.autograd.grad(logits.square().sum(), [x, *model.parameters()])
     out.append(torch.cat([logits.flatten(), *(g.flatten() for g in grads)]))
-print(library.library()._name, float((out[0] - out[1]).abs().max()))
+print(library.library(torch.float64)._name, float((out[0] - out[1]).abs().max()))
 """
 
 
@@ -185,6 +188,22 @@ def test_an_error_in_cpp_reaches_python_with_its_message():
         library.call("torch_ntm_forward", torch.float32, description, [0] * 40)
 
 
+def test_a_call_in_another_dtype_than_the_library_s_is_refused_by_it():
+    # One library per dtype: a float64 call that reached the float32 library would read its
+    # buffers with the wrong width.
+    model = NTM(3, 2, controller_size=4, memory_size=5, memory_width=2)
+    x = torch.zeros(2, 1, 3)
+    cfg = native._plan(model, x.device).cfg
+    buf = native._buffers(cfg, 2, 1, 5, x, True)
+    lib = library.library(torch.float32)
+    kernel = lib.torch_ntm_forward
+    kernel.argtypes, kernel.restype = library._KERNEL_ARGS, ctypes.c_int
+    description = native._description(cfg, 1e-38, buf, True)
+    assert kernel(1, ctypes.byref(description), None) == 1
+    assert lib.torch_ntm_last_error().decode() == ("a call in dtype code 1 to the library built "
+                                                   "for code 0")
+
+
 def test_the_generated_header_declares_each_description_as_its_ctypes_structure():
     text = library.header()
     assert "struct NTMCall {" in text and "int64_t field_start[14];" in text
@@ -199,19 +218,20 @@ def test_prepare_builds_in_the_background_once_and_the_first_call_waits_for_it(m
 
     calls, started = [], threading.Event()
 
-    def slow_build():
+    def slow_build(dtype):
         started.set()
         time.sleep(0.2)
-        calls.append(threading.current_thread().name)
-        monkeypatch.setitem(library._LIBRARY, "lib", "the library")
+        calls.append((threading.current_thread().name, dtype))
+        return {"lib": f"the {dtype} library"}
 
-    monkeypatch.setattr(library, "_LIBRARY", {})
+    monkeypatch.setattr(library, "_LIBRARY", {dtype: {} for dtype in library.DTYPES})
     monkeypatch.setattr(library, "_build", slow_build)
     library.prepare()
     assert started.wait(5)
-    assert library.library() == "the library"  # waited for the build in the background
+    assert library.library() == "the torch.float32 library"  # waited for the background build
     library.prepare()  # built: nothing more
-    assert calls == ["torch_ntm library"]
+    assert calls == [("torch_ntm library", torch.float32)]
+    assert library.library(torch.float64) == "the torch.float64 library"  # its own, when asked
 
 
 def test_a_changed_header_is_a_new_build(monkeypatch, tmp_path):

@@ -1,11 +1,13 @@
 // What the library's C entry points share (common.h includes it for the kernels; library.cpp needs
-// nothing else, so it compiles in a fraction of a second): the BLAS torch exports, and the error
-// reporting of a call.
+// nothing else, so it compiles in a fraction of a second): the float type of this build, the BLAS
+// torch exports, and the error reporting of a call.
 
 #pragma once
 
 #include <cstdio>
 #include <exception>
+#include <stdexcept>
+#include <string>
 
 // torch's BLAS (its MKL), where it exports one: weak, so that the library loads without it.
 extern "C" {
@@ -18,6 +20,17 @@ void dgemm_(const char*, const char*, const int*, const int*, const int*, const 
 }
 
 namespace torch_ntm {
+
+// One library per float type (engines/library.py builds the float64 one with TORCH_NTM_FLOAT64
+// when a float64 model first runs): each build compiles half the kernels, so the first build, of
+// the default float32, takes half the time.
+#ifdef TORCH_NTM_FLOAT64
+using Real = double;
+constexpr int kDtype = 1;  // the dtype code of engines/library.py's DTYPES
+#else
+using Real = float;
+constexpr int kDtype = 0;
+#endif
 
 // Whether `gemm` runs torch's BLAS (false: the plain loop, much slower).
 inline bool has_blas() { return sgemm_ != nullptr && dgemm_ != nullptr; }
@@ -32,10 +45,15 @@ inline char* last_error() {
   return message;
 }
 
-// 0 after run(), or 1 with the exception's message in `last_error`.
+// 0 after run(), or 1 with the exception's message in `last_error`; `dtype`, the caller's dtype
+// code, must be this build's.
 template <typename Run>
-int guarded(const Run& run) {
+int guarded(int dtype, const Run& run) {
   try {
+    if (dtype != kDtype) {
+      throw std::invalid_argument("a call in dtype code " + std::to_string(dtype) +
+                                  " to the library built for code " + std::to_string(kDtype));
+    }
     run();
     return 0;
   } catch (const std::exception& e) {

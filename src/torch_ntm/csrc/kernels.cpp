@@ -586,13 +586,9 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
   }
 }
 
-template void forward<float>(const View<float>&, const Params<float>&, int64_t, bool);
-template void forward<double>(const View<double>&, const Params<double>&, int64_t, bool);
-template void backward<float>(const View<float>&, const Params<float>&, int64_t, const float*,
-                              const float*, Carried<float>&, const std::vector<float*>&, float*);
-template void backward<double>(const View<double>&, const Params<double>&, int64_t,
-                               const double*, const double*, Carried<double>&,
-                               const std::vector<double*>&, double*);
+template void forward<Real>(const View<Real>&, const Params<Real>&, int64_t, bool);
+template void backward<Real>(const View<Real>&, const Params<Real>&, int64_t, const Real*,
+                             const Real*, Carried<Real>&, const std::vector<Real*>&, Real*);
 
 }  // namespace torch_ntm
 
@@ -706,17 +702,14 @@ void run_backward(const NTMCall* d, const uintptr_t* p) {
 
 extern "C" {
 
-// dtype: 0 float32, 1 float64. Each returns 0, or 1 with the message in torch_ntm_last_error.
+// dtype: 0 float32, 1 float64 (this build's, entry.h). Each returns 0, or 1 with the message in
+// torch_ntm_last_error.
 int torch_ntm_forward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded([&] {
-    dtype == 0 ? torch_ntm::run_forward<float>(d, p) : torch_ntm::run_forward<double>(d, p);
-  });
+  return torch_ntm::guarded(dtype, [&] { torch_ntm::run_forward<torch_ntm::Real>(d, p); });
 }
 
 int torch_ntm_backward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded([&] {
-    dtype == 0 ? torch_ntm::run_backward<float>(d, p) : torch_ntm::run_backward<double>(d, p);
-  });
+  return torch_ntm::guarded(dtype, [&] { torch_ntm::run_backward<torch_ntm::Real>(d, p); });
 }
 
 }  // extern "C"

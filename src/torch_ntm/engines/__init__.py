@@ -66,8 +66,8 @@ def _why_not_native(x: Tensor) -> str | None:
         return f"the native engine runs on the CPU, not {x.device.type}"
     if x.dtype not in library.DTYPES:
         return f"the native engine computes in float32 or float64, not {x.dtype}"
-    if not library.available():
-        return f"the native library could not be built ({library.error()})"
+    if not library.available(x.dtype):
+        return f"the native library could not be built ({library.error(x.dtype)})"
     return None
 
 

@@ -4,7 +4,8 @@ through ctypes.
 The library is built with `torch.utils.cpp_extension` (a C++ compiler and ninja, which ``pip
 install ninja`` provides; no torch header but ATen's vector type, so seconds on a 2-core CPU) and
 cached on disk (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): one build
-serves every model, size, sequence length and float dtype.
+serves every model, size and sequence length, one library per float dtype (float32, the default,
+built first; float64 when a float64 model first runs).
 
 A kernel is ``int name(int dtype, const Description* d, const uintptr_t* pointers)``: the static
 sizes of the call in a `Description` (a ctypes structure each engine declares, from which the C++
@@ -31,9 +32,10 @@ __all__ = ["DTYPES", "Description", "available", "call", "error", "header", "kee
 _log = logging.getLogger("torch_ntm.engines")
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
-_LIBRARY: dict = {}  # "lib": the ctypes library, or "error": why there is none
-_BUILDING = threading.Lock()  # held while a thread builds or loads the library
 DTYPES = {torch.float32: 0, torch.float64: 1}  # the dtypes the kernels compute in, by C code
+# Per dtype (one library each, entry.h): "lib", the ctypes library, or "error", why there is none.
+_LIBRARY: dict = {dtype: {} for dtype in DTYPES}
+_BUILDING = threading.Lock()  # held while a thread builds or loads a library
 # The modules whose `Description`s and kernels the library holds (each imports this one).
 _ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann")
 
@@ -161,56 +163,60 @@ def _sources_hash(text: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def library() -> ctypes.CDLL | None:
-    """The ctypes library, building it first if needed (once per process, whichever thread asks
-    first; the others wait for it); None if it cannot be built, with the reason in `error`."""
+def library(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
+    """The ctypes library of the kernels in ``dtype``, building it first if needed (once per
+    process, whichever thread asks first; the others wait for it); None if it cannot be built,
+    with the reason in `error`."""
     with _BUILDING:
-        if not _LIBRARY:
-            _build()
-    return _LIBRARY.get("lib")
+        if not _LIBRARY[dtype]:
+            _LIBRARY[dtype].update(_build(dtype))
+    return _LIBRARY[dtype].get("lib")
 
 
-def _build() -> None:
+def _build(dtype: torch.dtype) -> dict:
     try:
         from torch.utils import cpp_extension
 
         capability = torch.backends.cpu.get_cpu_capability().lower()
         text = header()
         generated = _generated(text)
+        bits = torch.finfo(dtype).bits
         # The code's hash among the flags: new code (a header too) is a new build of the library.
+        flags = [*_flags(), f"-DTORCH_NTM_SOURCES={_sources_hash(text)}"]
         path = cpp_extension.load(
-            name=f"torch_ntm_native_{capability}", sources=[str(s) for s in _sources()],
-            extra_cflags=[*_flags(), f"-DTORCH_NTM_SOURCES={_sources_hash(text)}"],
+            name=f"torch_ntm_native_{capability}_f{bits}", sources=[str(s) for s in _sources()],
+            extra_cflags=flags + (["-DTORCH_NTM_FLOAT64"] if dtype == torch.float64 else []),
             extra_include_paths=[str(_CSRC), str(generated)],
             is_python_module=False, verbose=False)
         lib = ctypes.CDLL(path)
         _declare(lib)
-        _LIBRARY["lib"] = lib
         if not lib.torch_ntm_has_blas():
             _log.warning("the native library found no BLAS exported by torch: its matmuls "
                          "run a plain loop, many times slower")
+        return {"lib": lib}
     except Exception as exc:  # no compiler, no ninja, a failed build
-        _LIBRARY["error"] = f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"
+        return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"}
 
 
-def prepare() -> None:
-    """Start building (or loading) the library in a background thread, so that the build (seconds,
-    the first time on a machine) overlaps with what a program does before its first native call;
-    that call then waits for it. ``ntm`` commands call this at start."""
-    if not _LIBRARY:  # not a daemon: a process that exits first waits for the build to end (a
-        # build killed midway would leave torch's lock file, on which the next build would wait)
-        threading.Thread(target=library, name="torch_ntm library").start()
+def prepare(dtype: torch.dtype = torch.float32) -> None:
+    """Start building (or loading) the library of ``dtype`` in a background thread, so that the
+    build (seconds, the first time on a machine) overlaps with what a program does before its
+    first native call; that call then waits for it. ``ntm`` commands call this at start."""
+    if not _LIBRARY[dtype]:  # not a daemon: a process that exits first waits for the build to
+        # end (a build killed midway would leave torch's lock file, on which the next would wait)
+        threading.Thread(target=library, args=(dtype,), name="torch_ntm library").start()
 
 
-def available() -> bool:
-    """Whether the native library is built and loaded (building it first if needed)."""
-    return library() is not None
+def available(dtype: torch.dtype = torch.float32) -> bool:
+    """Whether the native library of ``dtype`` is built and loaded (building it first if
+    needed)."""
+    return library(dtype) is not None
 
 
-def error() -> str | None:
-    """Why the library could not be built, or None."""
-    library()
-    return _LIBRARY.get("error")
+def error(dtype: torch.dtype = torch.float32) -> str | None:
+    """Why the library of ``dtype`` could not be built, or None."""
+    library(dtype)
+    return _LIBRARY[dtype].get("error")
 
 
 def call(name: str, dtype: torch.dtype, description: Description, pointers: list[int]) -> None:
@@ -219,7 +225,7 @@ def call(name: str, dtype: torch.dtype, description: Description, pointers: list
     Raises:
         RuntimeError: with the C++ exception's message, if the kernel threw.
     """
-    lib = library()
+    lib = library(dtype)
     ptrs = (ctypes.c_void_p * len(pointers))(*pointers)
     kernel = getattr(lib, name)
     if kernel.restype is not ctypes.c_int:
