@@ -1,8 +1,8 @@
 // The native library's heads alone (addressing, erase and add, read; forward and backward), timed
 // per sequence and step at a given batch size: scripts/heads_bench.py builds and calls this. It
-// includes the library's source, whose step functions are internal to it.
+// includes the library's header (ntm.h), whose step functions are internal to it.
 
-#include "kernels.cpp"
+#include "ntm.h"
 
 #include <algorithm>
 #include <chrono>

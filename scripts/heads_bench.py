@@ -3,7 +3,7 @@
 
     python scripts/heads_bench.py [--batch-size 1,2,4,8,16,32,64] [--memory-size 128]
 
-Builds ``heads_bench.cpp`` (beside this script; it includes ``csrc/kernels.cpp`` with the
+Builds ``heads_bench.cpp`` (beside this script; it includes ``csrc/ntm.h`` with the
 library's own compiler flags) and times the heads of `NTM(9, 9, memory_size=N)`, the paper's copy
 model (one read and one write head, memory N x 20, three shifts; the sizes and head layout the
 library's call would get, from `torch_ntm.engines.ntm`): one step's addressing, erase and add and

@@ -27,9 +27,10 @@ CONFIGS = {
 SMALL = {"controller_size": 11, "memory_size": 7, "memory_width": 5}
 
 # The engines other than eager that run here ("auto" is native on this CPU).
-NATIVE = library.available(torch.float32) and library.available(torch.float64)
+KERNELS = [(source, dtype) for source in ("ntm", "mann") for dtype in library.DTYPES]
+NATIVE = all(library.available(*kernels) for kernels in KERNELS)
 FAST_ENGINES = ["native"] if NATIVE else []
-WHY_NOT = library.error() or library.error(torch.float64)
+WHY_NOT = next((library.error(*kernels) for kernels in KERNELS if library.error(*kernels)), None)
 needs_native = pytest.mark.skipif(not NATIVE, reason=f"native library not built: {WHY_NOT}")
 
 
@@ -340,8 +341,8 @@ def test_calls_native_cannot_serve_run_eager_and_say_so_once(engine, monkeypatch
 def test_library_that_cannot_be_built_runs_eager_with_one_line(monkeypatch, caplog):
     model, x = _model_and_input({}, torch.float64, 2, 4)
     expected = _run(_eager(model), model, x)
-    monkeypatch.setattr(library, "_LIBRARY", {dtype: {"error": "CalledProcessError: no compiler"}
-                                              for dtype in library.DTYPES})
+    monkeypatch.setattr(library, "_LIBRARY", {kernels: {"error": "CalledProcessError: no compiler"}
+                                              for kernels in KERNELS})
     monkeypatch.setattr(engines, "_SAID", set())
     with caplog.at_level(logging.WARNING, logger="torch_ntm.engines"):
         first = _run(model, model, x)

@@ -14,8 +14,9 @@ from torch_ntm import functional as F
 from torch_ntm.engines import library
 
 pytestmark = pytest.mark.skipif(
-    not (library.available() and library.available(torch.float64)),
-    reason=f"native library not built: {library.error() or library.error(torch.float64)}")
+    not (library.available("mann", torch.float32) and library.available("mann",
+                                                                            torch.float64)),
+    reason=f"native library not built: {library.error('mann', torch.float64)}")
 
 IN, OUT = 6, 4
 TOL = {"rtol": 1e-10, "atol": 1e-12}

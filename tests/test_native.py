@@ -6,15 +6,22 @@ import ctypes
 
 import pytest
 import torch
-from test_engines import CONFIGS, SMALL, _assert_same, _eager, _model_and_input, _run
+from test_engines import (
+    CONFIGS,
+    NATIVE,
+    SMALL,
+    WHY_NOT,
+    _assert_same,
+    _eager,
+    _model_and_input,
+    _run,
+)
 
 from torch_ntm import NTM
 from torch_ntm.engines import library
 from torch_ntm.engines import ntm as native
 
-pytestmark = pytest.mark.skipif(
-    not (library.available() and library.available(torch.float64)),
-    reason=f"native library not built: {library.error() or library.error(torch.float64)}")
+pytestmark = pytest.mark.skipif(not NATIVE, reason=f"native library not built: {WHY_NOT}")
 
 
 def _native(model):
@@ -47,7 +54,7 @@ for engine in ("eager", "native"):
     logits, _ = model(x)
     grads = torch.autograd.grad(logits.square().sum(), [x, *model.parameters()])
     out.append(torch.cat([logits.flatten(), *(g.flatten() for g in grads)]))
-print(library.library(torch.float64)._name, float((out[0] - out[1]).abs().max()))
+print(library.library("ntm", torch.float64)._name, float((out[0] - out[1]).abs().max()))
 """
 
 
@@ -65,7 +72,7 @@ def test_avx2_build_matches_eager_on_an_avx512_cpu():
                             text=True, timeout=300)
     assert result.returncode == 0, result.stderr
     name, diff = result.stdout.split()
-    assert "torch_ntm_native_avx2" in name and float(diff) < 1e-10
+    assert "torch_ntm_ntm_avx2_f64" in name and float(diff) < 1e-10
 
 
 def test_large_memories_in_separate_blocks_match_eager():
@@ -195,7 +202,7 @@ def test_a_call_in_another_dtype_than_the_library_s_is_refused_by_it():
     x = torch.zeros(2, 1, 3)
     cfg = native._plan(model, x.device).cfg
     buf = native._buffers(cfg, 2, 1, 5, x, True)
-    lib = library.library(torch.float32)
+    lib = library.library("ntm", torch.float32)
     kernel = lib.torch_ntm_forward
     kernel.argtypes, kernel.restype = library._KERNEL_ARGS, ctypes.c_int
     description = native._description(cfg, 1e-38, buf, True)
@@ -218,20 +225,21 @@ def test_prepare_builds_in_the_background_once_and_the_first_call_waits_for_it(m
 
     calls, started = [], threading.Event()
 
-    def slow_build(dtype):
+    def slow_build(source, dtype):
         started.set()
         time.sleep(0.2)
-        calls.append((threading.current_thread().name, dtype))
-        return {"lib": f"the {dtype} library"}
+        calls.append((threading.current_thread().name, source, dtype))
+        return {"lib": f"the {source} {dtype} library"}
 
-    monkeypatch.setattr(library, "_LIBRARY", {dtype: {} for dtype in library.DTYPES})
+    monkeypatch.setattr(library, "_LIBRARY", {})
     monkeypatch.setattr(library, "_build", slow_build)
-    library.prepare()
+    library.prepare("ntm")
     assert started.wait(5)
-    assert library.library() == "the torch.float32 library"  # waited for the background build
-    library.prepare()  # built: nothing more
-    assert calls == [("torch_ntm library", torch.float32)]
-    assert library.library(torch.float64) == "the torch.float64 library"  # its own, when asked
+    # waited for the background build
+    assert library.library("ntm", torch.float32) == "the ntm torch.float32 library"
+    library.prepare("ntm")  # built: nothing more
+    assert calls == [("torch_ntm library", "ntm", torch.float32)]
+    assert library.library("mann", torch.float64) == "the mann torch.float64 library"
 
 
 def test_a_changed_header_is_a_new_build(monkeypatch, tmp_path):

@@ -144,7 +144,7 @@ def test_recall_errors_counts_the_sequences():
 def test_profile_step_splits_a_native_step():
     from torch_ntm.engines import library
 
-    if not library.available():
+    if not library.available("ntm", torch.float32):
         pytest.skip("native library not built")
     out = _run("profile_step.py", "--batch-size", "1,2", "--memory-size", "8", "--seq-len", "3",
                "--steps", "2", "--repeats", "1")
@@ -158,7 +158,7 @@ def test_profile_step_splits_a_native_step():
 def test_heads_bench_times_the_library_heads():
     from torch_ntm.engines import library
 
-    if not library.available():
+    if not library.available("ntm", torch.float32):
         pytest.skip("native library not built")
     out = _run("heads_bench.py", "--batch-size", "1,3", "--memory-size", "64", "--steps", "4",
                "--repeats", "1")

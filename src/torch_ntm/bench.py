@@ -23,7 +23,6 @@ from contextlib import nullcontext
 
 import torch
 
-from torch_ntm import engines as _engines
 from torch_ntm.evaluate import task_objective
 from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES, NTM
@@ -169,7 +168,7 @@ def run_bench(
                             "memory_size": n,
                             "train_seq_per_s": b / t_train,
                             "infer_seq_per_s": b / t_infer,
-                            "runs_as": _engines.choose(runners[p].model, batch[0].to(device)),
+                            "runs_as": runners[p].model.runs_on(batch[0].to(device)),
                             "warmup_s": max(0.0, w_train - 2 * t_train)
                             + max(0.0, w_infer - 2 * t_infer),
                             "threads": torch.get_num_threads(),

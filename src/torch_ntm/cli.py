@@ -162,6 +162,7 @@ def _cmd_train(args) -> int:
 
     from torch_ntm.checkpoint import clear_run, load_checkpoint, lock_run
     from torch_ntm.config import ConfigError, check_resume, resolve_device
+    from torch_ntm.engines import prepare
     from torch_ntm.factories import build_model, build_task
     from torch_ntm.overrides import apply_overrides
     from torch_ntm.presets import resolve_config
@@ -188,6 +189,7 @@ def _cmd_train(args) -> int:
         run_dir = Path(args.out or _default_run_dir(args.task))
         if main_process:  # the other ranks would see its files appear
             run_dir = _new_run_dir(args.out, args.task, args.overwrite)
+    prepare(config.model)  # the native kernels' first build overlaps with what comes before use
     resolve_device(config.device)  # before a run directory exists for it
     # Everything is checked: from here on this process owns the run directory.
     stack = contextlib.ExitStack()
@@ -338,6 +340,7 @@ def _checkpoint_arg(args) -> Path:
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_steps
+    from torch_ntm.engines import prepare
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
     from torch_ntm.overrides import apply_overrides
@@ -345,6 +348,7 @@ def _cmd_evaluate(args) -> int:
     if args.sequences is not None and args.sequences < 1:
         raise ConfigError(f"--sequences must be >= 1, got {args.sequences}")
     ckpt = load_checkpoint(_checkpoint_arg(args))
+    prepare(ckpt.config.model)  # the native kernels' first build overlaps with the set-up
     overrides = {} if args.memory_size is None else {"memory_size": args.memory_size}
     model = ckpt.model(evaluation=True, **overrides)  # the run's generalisation memory
     task = ckpt.task()
@@ -552,8 +556,6 @@ def _cmd_bench(args) -> int:
     return 0
 
 
-# The commands that run a model in this process (a sweep's trainings are processes of their own).
-_RUNS_MODELS = ("train", "evaluate", "plot", "bench")
 _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
              "curves": _cmd_curves, "pretrained": _cmd_pretrained, "sweep": _cmd_sweep,
              "bench": _cmd_bench}
@@ -562,7 +564,7 @@ _COMMANDS = {"train": _cmd_train, "evaluate": _cmd_evaluate, "plot": _cmd_plot,
 def main(argv: list[str] | None = None) -> int:
     from torch_ntm.checkpoint import CheckpointError
     from torch_ntm.config import ConfigError
-    from torch_ntm.engines.library import keep_freed_memory, prepare
+    from torch_ntm.engines.library import keep_freed_memory
     from torch_ntm.train import Interrupted
 
     parser = _parser()
@@ -575,8 +577,6 @@ def main(argv: list[str] | None = None) -> int:
         command = getattr(command, "commands", {}).get(getattr(args, "action", None), command)
         command.error(f"unrecognized arguments: {' '.join(unknown)}")
     keep_freed_memory()  # reuse freed step buffers instead of fresh pages (1.1-1.9x training)
-    if args.command in _RUNS_MODELS:  # the library's first build overlaps with the set-up
-        prepare()
     try:
         return _COMMANDS[args.command](args)
     except (ConfigError, CheckpointError) as e:

@@ -338,6 +338,11 @@ class MANN(_MANNBase):
     def engine(self, value: str) -> None:
         self._engine = engines.check_engine(value)
 
+    def runs_on(self, x: Tensor) -> str:
+        """The engine that `forward` runs on input ``x`` (time-major or batch first, as
+        `forward` takes it): ``"native"`` or ``"eager"`` (`torch_ntm.engines.choose`)."""
+        return engines.choose(self, x, native.MANNCall)
+
     def extra_repr(self) -> str:
         return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
                 + (f", engine={self.engine!r}" if self.engine != "auto" else ""))
@@ -371,7 +376,7 @@ class MANN(_MANNBase):
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:
             self._check_state(state, x.shape[1], x)
-        if engines.choose(self, x) == "native":
+        if self.runs_on(x) == "native":
             y, state = native.forward(self, x, state)
         else:
             outputs = []

@@ -399,6 +399,11 @@ class NTM(_NTMBase):
     def engine(self, value: str) -> None:
         self._engine = engines.check_engine(value)
 
+    def runs_on(self, x: Tensor) -> str:
+        """The engine that `forward` runs on input ``x`` (time-major or batch first, as
+        `forward` takes it): ``"native"`` or ``"eager"`` (`torch_ntm.engines.choose`)."""
+        return engines.choose(self, x, native.NTMCall)
+
     def extra_repr(self) -> str:
         return (
             super().extra_repr()
@@ -500,7 +505,7 @@ class NTM(_NTMBase):
         if torch.compiler.is_exporting():
             return self._forward_scan(x, state)
         x, state = self._prepare(x, state)  # time-major, checked
-        if engines.choose(self, x) == "native":
+        if self.runs_on(x) == "native":
             y, state = native.forward(self, x, state)
             return self._finish(y), state
         outputs = []

@@ -1,4 +1,4 @@
-// What every native model's kernels share (kernels.cpp for the NTM, mann.cpp for the MANN): small
+// What every native model's kernels share (ntm.h for the NTM, mann.cpp for the MANN): small
 // vectorised loops over contiguous rows, the matmul (torch's BLAS), and the LSTM controller's gates
 // forward and backward (the C entry points' part is entry.h). No torch header but ATen's vector
 // type, so that a build takes seconds.

@@ -1,4 +1,4 @@
-// The native library's own C entry points (the kernels' are in kernels.cpp and mann.cpp): what
+// The native library's own C entry points (the kernels' are in ntm_*.cpp and mann.cpp): what
 // Python asks of the library as a whole.
 
 #include "entry.h"

@@ -1,5 +1,5 @@
 // The native engine's declarations: the static sizes of a call, raw views of its buffers, and the
-// two kernels (kernels.cpp). No torch header but ATen's vector type and parallel_for is included,
+// two kernels (ntm.h). No torch header but ATen's vector type and parallel_for is included,
 // so that the build takes seconds.
 //
 // Shapes: T steps, B batch, L controller layers of C units, memory of N rows of width M kept

@@ -28,7 +28,8 @@ import logging
 import torch
 from torch import Tensor
 
-__all__ = ["ENGINES", "LEGACY_ENGINES", "choose", "eager_only", "first_order_only"]
+__all__ = ["ENGINES", "LEGACY_ENGINES", "check_engine", "choose", "eager_only", "first_order_only",
+           "prepare"]
 
 ENGINES = ("auto", "native", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
@@ -54,8 +55,9 @@ def eager_only() -> bool:
             or torch.autograd.forward_ad._current_level >= 0)
 
 
-def _why_not_native(x: Tensor) -> str | None:
-    """Why the native engine cannot run a call with input ``x``, or None if it can."""
+def _why_not_native(x: Tensor, kernels) -> str | None:
+    """Why the native engine cannot run a call with input ``x`` on ``kernels`` (the model's
+    `library.Description`), or None if it can."""
     from torch_ntm.engines import library
 
     if eager_only():
@@ -66,24 +68,38 @@ def _why_not_native(x: Tensor) -> str | None:
         return f"the native engine runs on the CPU, not {x.device.type}"
     if x.dtype not in library.DTYPES:
         return f"the native engine computes in float32 or float64, not {x.dtype}"
-    if not library.available(x.dtype):
-        return f"the native library could not be built ({library.error(x.dtype)})"
+    if not library.available(kernels.name, x.dtype):
+        why = library.error(kernels.name, x.dtype)
+        return f"the native library could not be built ({why})"
     return None
 
 
-def choose(model: torch.nn.Module, x: Tensor) -> str:
+def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
     """The engine that runs ``model``'s call on input ``x``: ``"native"`` or ``"eager"``.
 
-    ``model.engine`` ``"eager"`` is eager; ``"native"`` and ``"auto"`` are native where it can
-    serve the call, else eager, with the reason logged once per reason and model class."""
+    ``kernels``: the `library.Description` of the native kernels that would serve the model
+    (``NTMCall``, ``MANNCall``). ``model.engine`` ``"eager"`` is eager; ``"native"`` and
+    ``"auto"`` are native where it can serve the call, else eager, with the reason logged once
+    per reason and model class."""
     if model.engine == "eager":
         return "eager"
-    why = _why_not_native(x)
+    why = _why_not_native(x, kernels)
     if why is None:
         return "native"
     _say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
               f"engine: {why}")
     return "eager"
+
+
+def prepare(model: str, dtype: torch.dtype = torch.float32) -> None:
+    """Start building the native kernels of ``model`` (``"ntm"`` or ``"mann"``, as
+    `torch_ntm.config.TrainConfig` names it; another: nothing) in the background
+    (`library.prepare`): ``ntm`` commands call this as soon as they know the model."""
+    from torch_ntm.engines import library, mann, ntm
+
+    kernels = {"ntm": ntm.NTMCall, "mann": mann.MANNCall}.get(model)
+    if kernels is not None:
+        library.prepare(kernels.name, dtype)
 
 
 def check_engine(value: str) -> str:

@@ -3,9 +3,9 @@ through ctypes.
 
 The library is built with `torch.utils.cpp_extension` (a C++ compiler and ninja, which ``pip
 install ninja`` provides; no torch header but ATen's vector type, so seconds on a 2-core CPU) and
-cached on disk (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): one build
-serves every model, size and sequence length, one library per float dtype (float32, the default,
-built first; float64 when a float64 model first runs).
+cached on disk (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): one library
+per model's kernels (a `Description`'s ``name`` and ``sources``) and float dtype, each built when
+first needed, serves every size and sequence length.
 
 A kernel is ``int name(int dtype, const Description* d, const uintptr_t* pointers)``: the static
 sizes of the call in a `Description` (a ctypes structure each engine declares, from which the C++
@@ -33,8 +33,9 @@ _log = logging.getLogger("torch_ntm.engines")
 
 _CSRC = Path(__file__).resolve().parent.parent / "csrc"
 DTYPES = {torch.float32: 0, torch.float64: 1}  # the dtypes the kernels compute in, by C code
-# Per dtype (one library each, entry.h): "lib", the ctypes library, or "error", why there is none.
-_LIBRARY: dict = {dtype: {} for dtype in DTYPES}
+# Per (name, dtype) (one library each; entry.h): "lib", the ctypes library, or "error", why
+# there is none.
+_LIBRARY: dict = {}
 _BUILDING = threading.Lock()  # held while a thread builds or loads a library
 # The modules whose `Description`s and kernels the library holds (each imports this one).
 _ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann")
@@ -43,9 +44,13 @@ _ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann")
 class Description(ctypes.Structure):
     """The static sizes of a kernel call: subclasses declare ``_fields_`` of ``c_int64``,
     ``c_double`` and fixed arrays of them, and may add C++ declarations the struct's readers need
-    (``cpp``: enums of indices into its arrays, say). `header` writes the C++ struct."""
+    (``cpp``: enums of indices into its arrays, say). `header` writes the C++ struct. ``name``: the
+    kernels' name (a model's: ``"ntm"``); ``sources``: the files in csrc/ with the kernels that
+    take it (several compile on several cores)."""
 
     cpp: str = ""
+    name: str = ""
+    sources: tuple[str, ...] = ()
 
 
 _C_TYPES = {ctypes.c_int64: "int64_t", ctypes.c_double: "double"}
@@ -57,6 +62,10 @@ def _c_field(name: str, ctype) -> str:
     return f"{_C_TYPES[ctype]} {name};"
 
 
+def _descriptions() -> list[type[Description]]:
+    return [d for module in _ENGINES for d in importlib.import_module(module).DESCRIPTIONS]
+
+
 def header() -> str:
     """``calls.h``: the C++ struct of every engine's `Description`, in the same layout (checked
     by ``static_assert``s of each field's offset and of the size), and their declarations."""
@@ -64,19 +73,18 @@ def header() -> str:
              "// edit those, not this.", "#pragma once", "", "#include <cstddef>",
              "#include <cstdint>", "",
              "namespace torch_ntm {", ""]
-    for module in _ENGINES:
-        for desc in importlib.import_module(module).DESCRIPTIONS:
-            if desc.cpp:
-                lines += [desc.cpp.strip(), ""]
-            lines.append(f"struct {desc.__name__} {{")
-            lines += [f"  {_c_field(name, ctype)}" for name, ctype in desc._fields_]
-            lines.append("};")
-            name = desc.__name__
-            lines += [f"static_assert(offsetof({name}, {field}) == {getattr(desc, field).offset}, "
-                      f"\"{name}.{field}: where its ctypes structure has it\");"
-                      for field, _ in desc._fields_]
-            lines += [f"static_assert(sizeof({name}) == {ctypes.sizeof(desc)}, \"{name}: the size "
-                      f"of its ctypes structure\");", ""]
+    for desc in _descriptions():
+        if desc.cpp:
+            lines += [desc.cpp.strip(), ""]
+        lines.append(f"struct {desc.__name__} {{")
+        lines += [f"  {_c_field(name, ctype)}" for name, ctype in desc._fields_]
+        lines.append("};")
+        name = desc.__name__
+        lines += [f"static_assert(offsetof({name}, {field}) == {getattr(desc, field).offset}, "
+                  f"\"{name}.{field}: where its ctypes structure has it\");"
+                  for field, _ in desc._fields_]
+        lines += [f"static_assert(sizeof({name}) == {ctypes.sizeof(desc)}, \"{name}: the size "
+                  f"of its ctypes structure\");", ""]
     return "\n".join(lines + ["}  // namespace torch_ntm", ""])
 
 
@@ -138,10 +146,6 @@ def _flags() -> list[str]:
     return flags
 
 
-def _sources() -> list[Path]:
-    return sorted(_CSRC.glob("*.cpp"))
-
-
 def _declare(lib: ctypes.CDLL) -> None:
     """Argument and result types of the library's own functions (`call` declares the kernels')."""
     lib.torch_ntm_last_error.argtypes, lib.torch_ntm_last_error.restype = [], ctypes.c_char_p
@@ -163,28 +167,29 @@ def _sources_hash(text: str) -> str:
     return digest.hexdigest()[:16]
 
 
-def library(dtype: torch.dtype = torch.float32) -> ctypes.CDLL | None:
-    """The ctypes library of the kernels in ``dtype``, building it first if needed (once per
-    process, whichever thread asks first; the others wait for it); None if it cannot be built,
-    with the reason in `error`."""
+def library(name: str, dtype: torch.dtype) -> ctypes.CDLL | None:
+    """The ctypes library of kernels ``name`` (``"ntm"``, ``"mann"``: a `Description`'s) in
+    ``dtype``, building it first if needed (once per process, whichever thread asks first; the
+    others wait for it); None if it cannot be built, with the reason in `error`."""
     with _BUILDING:
-        if not _LIBRARY[dtype]:
-            _LIBRARY[dtype].update(_build(dtype))
-    return _LIBRARY[dtype].get("lib")
+        if (name, dtype) not in _LIBRARY:
+            _LIBRARY[name, dtype] = _build(name, dtype)
+    return _LIBRARY[name, dtype].get("lib")
 
 
-def _build(dtype: torch.dtype) -> dict:
+def _build(name: str, dtype: torch.dtype) -> dict:
     try:
         from torch.utils import cpp_extension
 
+        (sources,) = {d.sources for d in _descriptions() if d.name == name}
         capability = torch.backends.cpu.get_cpu_capability().lower()
         text = header()
         generated = _generated(text)
-        bits = torch.finfo(dtype).bits
         # The code's hash among the flags: new code (a header too) is a new build of the library.
         flags = [*_flags(), f"-DTORCH_NTM_SOURCES={_sources_hash(text)}"]
         path = cpp_extension.load(
-            name=f"torch_ntm_native_{capability}_f{bits}", sources=[str(s) for s in _sources()],
+            name=f"torch_ntm_{name}_{capability}_f{torch.finfo(dtype).bits}",
+            sources=[str(_CSRC / source) for source in (*sources, "library.cpp")],
             extra_cflags=flags + (["-DTORCH_NTM_FLOAT64"] if dtype == torch.float64 else []),
             extra_include_paths=[str(_CSRC), str(generated)],
             is_python_module=False, verbose=False)
@@ -198,25 +203,26 @@ def _build(dtype: torch.dtype) -> dict:
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"}
 
 
-def prepare(dtype: torch.dtype = torch.float32) -> None:
-    """Start building (or loading) the library of ``dtype`` in a background thread, so that the
-    build (seconds, the first time on a machine) overlaps with what a program does before its
-    first native call; that call then waits for it. ``ntm`` commands call this at start."""
-    if not _LIBRARY[dtype]:  # not a daemon: a process that exits first waits for the build to
-        # end (a build killed midway would leave torch's lock file, on which the next would wait)
-        threading.Thread(target=library, args=(dtype,), name="torch_ntm library").start()
+def prepare(name: str, dtype: torch.dtype = torch.float32) -> None:
+    """Start building (or loading) the library of kernels ``name`` in ``dtype`` in a background
+    thread, so that the build (seconds, the first time on a machine) overlaps with what a program
+    does before its first native call; that call then waits for it."""
+    if (name, dtype) not in _LIBRARY:  # not a daemon: a process that exits first waits for the
+        # build to end (a build killed midway would leave torch's lock file, on which the next
+        # build would wait)
+        threading.Thread(target=library, args=(name, dtype), name="torch_ntm library").start()
 
 
-def available(dtype: torch.dtype = torch.float32) -> bool:
-    """Whether the native library of ``dtype`` is built and loaded (building it first if
-    needed)."""
-    return library(dtype) is not None
+def available(name: str, dtype: torch.dtype) -> bool:
+    """Whether the library of kernels ``name`` in ``dtype`` is built and loaded (building it
+    first if needed)."""
+    return library(name, dtype) is not None
 
 
-def error(dtype: torch.dtype = torch.float32) -> str | None:
-    """Why the library of ``dtype`` could not be built, or None."""
-    library(dtype)
-    return _LIBRARY[dtype].get("error")
+def error(name: str, dtype: torch.dtype) -> str | None:
+    """Why the library of kernels ``name`` in ``dtype`` could not be built, or None."""
+    library(name, dtype)
+    return _LIBRARY[name, dtype].get("error")
 
 
 def call(name: str, dtype: torch.dtype, description: Description, pointers: list[int]) -> None:
@@ -225,7 +231,7 @@ def call(name: str, dtype: torch.dtype, description: Description, pointers: list
     Raises:
         RuntimeError: with the C++ exception's message, if the kernel threw.
     """
-    lib = library(dtype)
+    lib = library(description.name, dtype)
     ptrs = (ctypes.c_void_p * len(pointers))(*pointers)
     kernel = getattr(lib, name)
     if kernel.restype is not ctypes.c_int:

@@ -50,6 +50,8 @@ class MANNCall(library.Description):
         ("keep_all", ctypes.c_int64),  # every step's state, for the backward
         ("decay", ctypes.c_double),  # the usage decay gamma
     ]
+    name = "mann"
+    sources = ("mann.cpp",)
 
 
 DESCRIPTIONS = (MANNCall,)

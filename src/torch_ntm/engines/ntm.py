@@ -1,13 +1,14 @@
 """The NTM's native engine: the whole sequence, forward and backward, as one C++ call each.
 
 At the sizes NTMs train at, an eager step is hundreds of tiny tensor operations, and their
-dispatch, not arithmetic, is where the time goes. Here the time loop is C++
-(``csrc/kernels.cpp``, built by `torch_ntm.engines.library`): the controller's and head layer's
-matmuls are BLAS calls over the batch, and the rest of a step (activations, addressing, erase and
-add, reads, the LSTM's gates, and their backward) vectorised loops over each batch element's
-memory. torch allocates every buffer (`_buffers`) and the C functions fill them; an
-`autograd.Function` wraps the two calls. The input projection of every step, the output layer and
-the weight gradients are one matmul each over all steps, through ordinary autograd.
+dispatch, not arithmetic, is where the time goes. Here the time loop is C++ (``csrc/ntm.h``,
+compiled as ``ntm_forward.cpp`` and ``ntm_backward.cpp`` by `torch_ntm.engines.library`): the
+controller's and head layer's matmuls are BLAS calls over the batch, and the rest of a step
+(activations, addressing, erase and add, reads, the LSTM's gates, and their backward) vectorised
+loops over each batch element's memory. torch allocates every buffer (`_buffers`) and the C
+functions fill them; an `autograd.Function` wraps the two calls. The input projection of every
+step, the output layer and the weight gradients are one matmul each over all steps, through
+ordinary autograd.
 
 The kernels read the head layer's rows permuted into one block per activation (`head_blocks`), so
 that one loop activates a kind of field of every head, and the LSTM's gates reordered (i, f, o, g),
@@ -63,6 +64,8 @@ class NTMCall(Description):
         ("beta_cap", ctypes.c_double), ("gamma_cap", ctypes.c_double),  # 0: none
         ("tiny", ctypes.c_double),  # the dtype's smallest normal number
     ]
+    name = "ntm"
+    sources = ("ntm_forward.cpp", "ntm_backward.cpp")
     cpp = "enum HeadField : int { " + ", ".join(
         f"{f.name.upper()} = {i}" for i, f in enumerate(HEAD_FIELDS)) + " };"
 
@@ -281,7 +284,7 @@ def _data(*tensors: Tensor) -> list[int]:
 
 
 def _pointers(buf: _Buffers) -> list[int]:
-    """The addresses of the buffers in the order csrc/kernels.cpp's `take_view` reads them."""
+    """The addresses of the buffers in the order csrc/ntm.h's `take_view` reads them."""
 
     def blocks(b):  # one address per slot or step
         if isinstance(b, Tensor):

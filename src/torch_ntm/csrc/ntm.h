@@ -1,10 +1,13 @@
 // The NTM's native engine (see sequence.h and engines/ntm.py): one NTM step forward and backward
-// for a batch, on raw pointers, looped over the sequence, behind two C functions that
-// engines/ntm.py calls with the addresses of buffers torch allocated. The same function as the
+// for a batch, on raw pointers, looped over the sequence; ntm_forward.cpp and ntm_backward.cpp
+// (two translation units, so that a build compiles them on two cores) put each behind a C function
+// that engines/ntm.py calls with the addresses of buffers torch allocated. The same function as the
 // model's eager step (`NTM._step`, with `functional.address`, `write` and `read`): the
 // controller's and the head layer's matmuls are BLAS calls over the whole batch, and the rest of
 // a step (head activations, addressing, erase and add, reads, the LSTM's gates) plain loops over
 // one batch element's memory, vectorised.
+
+#pragma once
 
 #include "common.h"
 #include "sequence.h"
@@ -586,10 +589,6 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
   }
 }
 
-template void forward<Real>(const View<Real>&, const Params<Real>&, int64_t, bool);
-template void backward<Real>(const View<Real>&, const Params<Real>&, int64_t, const Real*,
-                             const Real*, Carried<Real>&, const std::vector<Real*>&, Real*);
-
 }  // namespace torch_ntm
 
 // ------------------------------------------------------------------------------------------------
@@ -663,53 +662,5 @@ size_t take_view(const uintptr_t* p, int64_t slots, int64_t steps, View<F>& v) {
   return i;
 }
 
-template <typename F>
-void run_forward(const NTMCall* d, const uintptr_t* p) {
-  View<F> v{config(*d)};
-  const int64_t L = v.c.L;
-  Params<F> params;
-  params.xpre = reinterpret_cast<const F*>(p[0]);
-  params.wp = reinterpret_cast<const F*>(p[1]);
-  params.bp = reinterpret_cast<const F*>(p[2]);
-  params.reads0 = reinterpret_cast<const F*>(p[3]);
-  size_t i = 4;
-  i += take(p + i, L, params.weights);
-  i += take(p + i, L - 1, params.biases);
-  const bool keep_all = d->keep_all != 0;
-  take_view(p + i, keep_all ? d->steps + 1 : 2, keep_all ? d->steps : 1, v);
-  forward<F>(v, params, d->steps, keep_all);
-}
-
-template <typename F>
-void run_backward(const NTMCall* d, const uintptr_t* p) {
-  View<F> v{config(*d)};
-  const int64_t L = v.c.L;
-  Params<F> params{};
-  params.wp = reinterpret_cast<const F*>(p[0]);
-  size_t i = 1;
-  i += take(p + i, L, params.weights);
-  i += take_view(p + i, d->steps + 1, d->steps, v);
-  std::vector<F*> g;
-  i += take(p + i, 8, g);  // dh_out, dreads_out, then the carried dmem, dwr, dww, dreads, dh, dc
-  Carried<F> carried{g[2], g[3], g[4], g[5], g[6], g[7]};
-  std::vector<F*> dpre;
-  i += take(p + i, L, dpre);
-  backward<F>(v, params, d->steps, g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
-}
-
 }  // namespace
 }  // namespace torch_ntm
-
-extern "C" {
-
-// dtype: 0 float32, 1 float64 (this build's, entry.h). Each returns 0, or 1 with the message in
-// torch_ntm_last_error.
-int torch_ntm_forward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype, [&] { torch_ntm::run_forward<torch_ntm::Real>(d, p); });
-}
-
-int torch_ntm_backward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype, [&] { torch_ntm::run_backward<torch_ntm::Real>(d, p); });
-}
-
-}  // extern "C"
