@@ -303,3 +303,17 @@ def test_native_engine_is_what_runs(monkeypatch):
         mann(x)
     mann.engine = "eager"
     mann(x)
+
+
+def test_a_second_derivative_raises_naming_the_eager_engine():
+    """The MANN's native backward has no recomputation in plain ops (the NTM's has): a second
+    derivative raises with the fix instead of coming out wrong or zero."""
+    mann = build(30)
+    mann.engine = "native"
+    x = rand(3, 2, IN, seed=31).requires_grad_()
+    (grad,) = torch.autograd.grad(mann(x)[0].pow(2).sum(), x, create_graph=True)
+    with pytest.raises(RuntimeError, match='engine="eager"'):
+        torch.autograd.grad(grad.sum(), x)
+    mann.engine = "eager"
+    (grad,) = torch.autograd.grad(mann(x)[0].pow(2).sum(), x, create_graph=True)
+    assert torch.autograd.grad(grad.sum(), x)[0].isfinite().all()

@@ -21,6 +21,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torch_ntm import functional as ntmf
+
 __all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "soft_cap"]
 
 
@@ -159,3 +161,24 @@ class HeadLayout:
             erase=torch.sigmoid(parts["erase"]) if write else None,
             add=torch.tanh(parts["add"]) if write else None,
         )
+
+    def heads_step(self, raw: Tensor, memory: Tensor, read_weights: Tensor, write_weights: Tensor,
+                   beta_cap: float = 0.0, gamma_cap: float = 0.0):
+        """The heads' part of a step, from the head layer's output ``raw [B, size]``: the write
+        heads address the memory ``[B, N, M]`` as it was and write, then the read heads address
+        and read the memory after the write (eq. 2-9).
+
+        Returns:
+            ``(memory, read_weights, write_weights, reads [B, Hr, M], (write, read))``, the last
+            the activated `HeadParameters` of each kind (write is None without write heads).
+        """
+        wp = None
+        if self.write_heads:
+            wp = self.activate(raw, "write", beta_cap, gamma_cap)
+            write_weights = ntmf.address(memory, write_weights, wp.key, wp.beta, wp.gate,
+                                         wp.shift, wp.gamma)
+            memory = ntmf.write(memory, write_weights, wp.erase, wp.add)
+        rp = self.activate(raw, "read", beta_cap, gamma_cap)
+        read_weights = ntmf.address(memory, read_weights, rp.key, rp.beta, rp.gate, rp.shift,
+                                    rp.gamma)
+        return memory, read_weights, write_weights, ntmf.read(memory, read_weights), (wp, rp)

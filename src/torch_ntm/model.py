@@ -28,7 +28,6 @@ from torch import Tensor, nn
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
 from torch_ntm import engines
-from torch_ntm import functional as ntmf
 from torch_ntm.checks import (
     bound,
     cell_step,
@@ -287,20 +286,8 @@ class _NTMBase(nn.Module):
         ctrl_in = torch.cat([x, state.reads.reshape(b, -1)], dim=-1)
         h, ctrl = self.controller(ctrl_in, state.controller)
         raw = self.head_params(h)  # (B, P): every head's parameters at once
-
-        memory, w_write = state.memory, state.write_weights
-        wp = None
-        if self.write_heads:
-            wp = self.head_layout.activate(raw, "write", *self.options.caps)
-            w_write = ntmf.address(
-                memory, w_write, wp.key, wp.beta, wp.gate, wp.shift, wp.gamma
-            )
-            memory = ntmf.write(memory, w_write, wp.erase, wp.add)
-        rp = self.head_layout.activate(raw, "read", *self.options.caps)
-        w_read = ntmf.address(
-            memory, state.read_weights, rp.key, rp.beta, rp.gate, rp.shift, rp.gamma
-        )
-        reads = ntmf.read(memory, w_read)  # (B, Hr, M)
+        memory, w_read, w_write, reads, (wp, rp) = self.head_layout.heads_step(
+            raw, state.memory, state.read_weights, state.write_weights, *self.options.caps)
         logits = self.output(torch.cat([h, reads.reshape(b, -1)], dim=-1))
         new_state = NTMState(ctrl, memory, w_read, w_write, reads)
         if record:

@@ -142,14 +142,19 @@ class _RaisesIfDifferentiated(torch.autograd.Function):
 
 def first_order_only(backward):
     """Decorates an `autograd.Function`'s ``backward`` that autograd cannot record (a native
-    engine's C++ call): it runs without a graph, and where autograd asks for one
-    (``create_graph=True``) each result gets a -0.0 that depends on the incoming gradients and
-    raises when differentiated, so that a second derivative raises with the fix instead of coming
-    out wrong or zero without a word (torch's ``once_differentiable`` raises too, with a message
-    that does not name the fix)."""
+    engine's C++ call): it runs without a graph. Where autograd asks for one
+    (``create_graph=True``: a second derivative may follow), the gradients are computed again by
+    autograd through ``ctx.recompute(*ctx.inputs)``, the same function as the forward in plain
+    ops, if the forward left one (said once); else each result gets a -0.0 that depends on the
+    incoming gradients and raises when differentiated, so that a second derivative raises with
+    the fix instead of coming out wrong or zero without a word."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
+        if torch.is_grad_enabled() and getattr(ctx, "recompute", None) is not None:
+            _say_once("a second derivative through the native engine: its backward is "
+                      "computed again through the eager step (create_graph=True)")
+            return _recomputed(ctx, grads)
         with torch.no_grad():
             out = backward(ctx, *grads)
         if not torch.is_grad_enabled():
@@ -161,3 +166,19 @@ def first_order_only(backward):
         return tuple(g if g is None else g + zero for g in out)
 
     return wrapper
+
+
+def _recomputed(ctx, grads: tuple) -> tuple:
+    """The backward of ``ctx``'s Function by autograd through ``ctx.recompute``, recorded: the
+    gradient of each of ``ctx.inputs`` (None where it needs none), after as many Nones as the
+    Function's leading arguments that are not tensors (``ctx.leading``)."""
+    inputs = ctx.inputs
+    wanted = [i for i, t in enumerate(inputs) if t.requires_grad]
+    outputs = ctx.recompute(*inputs)
+    pairs = [(o, g) for o, g in zip(outputs, grads) if g is not None and o.requires_grad]
+    found = torch.autograd.grad([o for o, _ in pairs], [inputs[i] for i in wanted],
+                                [g for _, g in pairs], create_graph=True, allow_unused=True)
+    result = [None] * len(inputs)
+    for i, g in zip(wanted, found):
+        result[i] = g
+    return (None,) * ctx.leading + tuple(result)

@@ -22,6 +22,7 @@ N memory rows, M row width, S = 2R + 1 shifts, Hr / Hw read / write heads, P hea
 from __future__ import annotations
 
 import ctypes
+import functools
 import math
 import os
 from typing import TYPE_CHECKING, NamedTuple
@@ -113,6 +114,7 @@ class _Config(NamedTuple):
     width: int  # M
     shifts: int  # S = 2R + 1
     blocks: _Blocks  # where the kernels find each head's fields (`head_blocks`)
+    layout: HeadLayout  # the model's, for `_eager_sequence`
     beta_cap: float  # soft caps of beta and of gamma - 1 (`layout.soft_cap`; 0: none)
     gamma_cap: float
 
@@ -172,7 +174,7 @@ def _plan(model: NTM, device: torch.device) -> _Plan:
         cfg = _Config(lstm=opt.controller == "lstm", layers=opt.controller_layers, hidden=c,
                       read_heads=opt.read_heads, write_heads=opt.write_heads,
                       width=opt.memory_width, shifts=2 * opt.shift_range + 1, blocks=blocks,
-                      beta_cap=beta_cap, gamma_cap=gamma_cap)
+                      layout=model.head_layout, beta_cap=beta_cap, gamma_cap=gamma_cap)
         plan = _Plan(cfg, _Rows.of(blocks.perm.to(device)), _Rows.of(gate_perm.to(device)))
         _PLANS[key] = plan
     return plan
@@ -344,6 +346,9 @@ class _NativeSequence(torch.autograd.Function):
                            reads, h0, c0, keep=True)
         ctx.set_materialize_grads(False)
         ctx.cfg, ctx.tiny = cfg, tiny
+        # For a second derivative (`first_order_only`): the same sequence in plain ops.
+        ctx.inputs, ctx.leading = (xpre, wp, bp, memory, w_read, w_write, reads, *rest), 2
+        ctx.recompute = functools.partial(_eager_sequence, cfg)
         ctx.stacked = (isinstance(buf.mem, Tensor), isinstance(buf.addr, Tensor))
         ctx.save_for_backward(wp, *weights, *_saved(buf))
         out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
@@ -382,6 +387,37 @@ class _NativeSequence(torch.autograd.Function):
         controller = (*dh0.unbind(0), *dc0.unbind(0)) if cfg.lstm else ()
         return (None, None, dpres[0], dwp, draw.sum((0, 1)), dmem0, dwr0, dww0, dreads0,
                 *dweights, *dbiases, *controller)
+
+
+def _eager_sequence(cfg: _Config, xpre, wp, bp, memory, w_read, w_write, reads, *rest) -> list:
+    """`_NativeSequence`'s function in plain ops on its own inputs (the kernels' layout): the
+    controller from the permuted weights, then the heads' step of the model's specification
+    (`HeadLayout.heads_step`) on the head layer's output put back in the model's order. What a
+    second derivative differentiates (`torch_ntm.engines.first_order_only`)."""
+    n, c = cfg.layers, cfg.hidden
+    weights, biases = rest[:n], rest[n : 2 * n - 1]
+    h, cells = list(rest[2 * n - 1 : 3 * n - 1]), list(rest[3 * n - 1 :])
+    inverse = torch.argsort(cfg.blocks.perm).to(xpre.device)
+    memory = memory.transpose(1, 2)  # [B, N, M]
+    hs, all_reads = [], []
+    for t in range(xpre.shape[0]):
+        x = reads.flatten(1)
+        for layer in range(n):
+            pre = xpre[t] if layer == 0 else biases[layer - 1]
+            if cfg.lstm:  # gates (i, f, o, g)
+                gates = pre + torch.cat([x, h[layer]], 1) @ weights[layer].t()
+                i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
+                cells[layer] = f * cells[layer] + i * torch.tanh(gates[:, 3 * c :])
+                h[layer] = x = o * torch.tanh(cells[layer])
+            else:
+                x = torch.tanh(pre + x @ weights[layer].t())
+        raw = torch.addmm(bp, x, wp.t())[:, inverse]
+        memory, w_read, w_write, reads, _ = cfg.layout.heads_step(
+            raw, memory, w_read, w_write, cfg.beta_cap, cfg.gamma_cap)
+        hs.append(x)
+        all_reads.append(reads)
+    out = [torch.stack(hs), torch.stack(all_reads), memory.transpose(1, 2), w_read, w_write]
+    return out + ([torch.stack(h), torch.stack(cells)] if cfg.lstm else [])
 
 
 def _initial_controller(cfg: _Config, hc: tuple, like: Tensor) -> tuple[Tensor, Tensor]:
