@@ -77,6 +77,20 @@ inline F max_of(const F* a, int64_t n, F init) {
   return out;
 }
 
+// A vector of n <= W values at p (the lanes past n are 0 on load and not stored).
+template <typename F>
+inline Vec<F> load_n(const F* p, int64_t n) {
+  return n == Vec<F>::size() ? Vec<F>::loadu(p) : Vec<F>::loadu(p, n);
+}
+template <typename F>
+inline void store_n(const Vec<F>& v, F* p, int64_t n) {
+  if (n == Vec<F>::size()) {
+    v.store(p);
+  } else {
+    v.store(p, n);
+  }
+}
+
 template <typename F>
 inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
 

@@ -63,21 +63,8 @@ struct View {
 };
 
 // ------------------------------------------------------------------------------------------------
-// Small pieces: partial vectors, the heads' activations, the rows LRUA picks.
+// Small pieces: the heads' activations, the rows LRUA picks.
 // ------------------------------------------------------------------------------------------------
-
-template <typename F>
-inline Vec<F> load_n(const F* p, int64_t n) {
-  return n == Vec<F>::size() ? Vec<F>::loadu(p) : Vec<F>::loadu(p, n);
-}
-template <typename F>
-inline void store_n(const Vec<F>& v, F* p, int64_t n) {
-  if (n == Vec<F>::size()) {
-    v.store(p);
-  } else {
-    v.store(p, n);
-  }
-}
 
 // act (P, raw's layout): key and add tanh, alpha's slot sigmoid(alpha), beta's softplus(beta):
 // tanh over all P outputs in one run, then the 1 or 2 scalars per head replaced.

@@ -279,20 +279,6 @@ void rows_backward(const Cfg& c, const F* mem, const F* dmsq, int64_t first, int
 // Forward.
 // ------------------------------------------------------------------------------------------------
 
-// A vector of n <= W values at p (the lanes past n are 0 on load and not stored).
-template <typename F>
-inline Vec<F> load_n(const F* p, int64_t n) {
-  return n == Vec<F>::size() ? Vec<F>::loadu(p) : Vec<F>::loadu(p, n);
-}
-template <typename F>
-inline void store_n(const Vec<F>& v, F* p, int64_t n) {
-  if (n == Vec<F>::size()) {
-    v.store(p);
-  } else {
-    v.store(p, n);
-  }
-}
-
 // Erase, then add (eq. 3, 4): mem = mem_prev * prod_k (1 - e_k w_k) + sum_k a_k w_k, and the
 // new rows' squared norms msq, in one pass over the memory: a vector of rows at a time, its
 // products, sums and squared norm kept in registers over the M columns.

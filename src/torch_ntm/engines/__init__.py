@@ -28,8 +28,8 @@ import logging
 import torch
 from torch import Tensor
 
-__all__ = ["ENGINES", "LEGACY_ENGINES", "check_engine", "choose", "eager_only", "first_order_only",
-           "prepare"]
+__all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
+           "first_order_only", "prepare"]
 
 ENGINES = ("auto", "native", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
@@ -182,3 +182,11 @@ def _recomputed(ctx, grads: tuple) -> tuple:
     for i, g in zip(wanted, found):
         result[i] = g
     return (None,) * ctx.leading + tuple(result)
+
+
+def carried(grad: Tensor | None, like: Tensor) -> Tensor:
+    """An incoming gradient as a native backward takes it: a fresh contiguous copy (the library
+    updates it in place), zeros of ``like``'s shape where autograd gave None."""
+    if grad is None:
+        return torch.zeros_like(like)
+    return grad.clone(memory_format=torch.contiguous_format)

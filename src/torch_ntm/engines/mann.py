@@ -25,7 +25,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.engines import first_order_only, library
+from torch_ntm.engines import carried, first_order_only, library
 
 if TYPE_CHECKING:
     from torch_ntm.mann import MANN, MANNState
@@ -170,10 +170,6 @@ class _Sequence(torch.autograd.Function):
         wrh, wp, *saved = ctx.saved_tensors
         buf = _Buffers(*saved)
         steps, batch = buf.hs.shape[:2]
-
-        def carried(g, like):  # a fresh contiguous copy: the library updates it in place
-            return torch.zeros_like(like) if g is None else g.clone(
-                memory_format=torch.contiguous_format)
 
         grads = [
             torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),

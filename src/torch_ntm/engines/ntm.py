@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.engines import first_order_only
+from torch_ntm.engines import carried, first_order_only
 from torch_ntm.engines.library import Description, call, keep_freed_memory
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout, NTMState
 
@@ -363,10 +363,6 @@ class _NativeSequence(torch.autograd.Function):
         wp, *rest = ctx.saved_tensors
         weights, buf = rest[:n], _unsaved(rest[n:], n, ctx.stacked)
         steps, batch = buf.hs.shape[:2]
-
-        def carried(g, like):  # a fresh contiguous copy: the library updates it in place
-            return torch.zeros_like(like) if g is None else g.clone(
-                memory_format=torch.contiguous_format)
 
         grads = [
             torch.zeros_like(buf.hs) if dhs_out is None else dhs_out.contiguous(),
