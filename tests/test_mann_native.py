@@ -305,15 +305,29 @@ def test_native_engine_is_what_runs(monkeypatch):
     mann(x)
 
 
-def test_a_second_derivative_raises_naming_the_eager_engine():
-    """The MANN's native backward has no recomputation in plain ops (the NTM's has): a second
-    derivative raises with the fix instead of coming out wrong or zero."""
-    mann = build(30)
-    mann.engine = "native"
-    x = rand(3, 2, IN, seed=31).requires_grad_()
-    (grad,) = torch.autograd.grad(mann(x)[0].pow(2).sum(), x, create_graph=True)
-    with pytest.raises(RuntimeError, match='engine="eager"'):
-        torch.autograd.grad(grad.sum(), x)
-    mann.engine = "eager"
-    (grad,) = torch.autograd.grad(mann(x)[0].pow(2).sum(), x, create_graph=True)
-    assert torch.autograd.grad(grad.sum(), x)[0].isfinite().all()
+def test_second_derivatives_equal_the_eager_engines():
+    """Under create_graph=True the native backward is computed again through the eager step:
+    double backward and a gradient penalty on the parameters equal the eager loop's. A state
+    with distinct usages, so that both pick the same least-used rows."""
+    mann = build(30, learned_beta=True)
+    x0 = rand(3, 2, IN, seed=31)
+    start = mann.initial_state(2)
+    start = start._replace(usage=rand(2, 7, seed=32), memory=rand(2, 7, 5, seed=33))
+    start = start._replace(least_used=F.least_used(start.usage, 2))
+    results = []
+    for engine in ("native", "eager"):
+        mann.engine = engine
+        mann.zero_grad(set_to_none=True)
+        x = x0.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(mann(x, start)[0].pow(2).sum(), x, create_graph=True)
+        (double,) = torch.autograd.grad(grad.sum(), x)
+        x = x0.clone().requires_grad_()
+        (grad,) = torch.autograd.grad(mann(x, start)[0].sum(), x, create_graph=True)
+        grad.pow(2).sum().backward()
+        results.append((double, {n: p.grad for n, p in mann.named_parameters()
+                                 if p.grad is not None}))
+    (double, penalty), (double_e, penalty_e) = results
+    torch.testing.assert_close(double, double_e, **TOL)
+    assert penalty.keys() == penalty_e.keys() and penalty
+    for name in penalty_e:
+        torch.testing.assert_close(penalty[name], penalty_e[name], **TOL, msg=name)

@@ -23,7 +23,8 @@ from torch import Tensor
 
 from torch_ntm import functional as ntmf
 
-__all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "soft_cap"]
+__all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "LRUALayout",
+           "LRUAParameters", "soft_cap"]
 
 
 class NTMState(NamedTuple):
@@ -182,3 +183,69 @@ class HeadLayout:
         read_weights = ntmf.address(memory, read_weights, rp.key, rp.beta, rp.gate, rp.shift,
                                     rp.gamma)
         return memory, read_weights, write_weights, ntmf.read(memory, read_weights), (wp, rp)
+
+
+class LRUAParameters(NamedTuple):
+    """Activated parameters of all H heads of a MANN (a read head and its write head together)."""
+
+    key: Tensor  # k, (B, H, M), tanh
+    alpha: Tensor  # alpha, (B, H, 1), raw: `functional.lrua_write_weights` applies the sigmoid
+    add: Tensor  # a, (B, H, M), tanh; the key itself when write_vector == "key"
+    beta: Tensor  # beta, (B, H, 1), softplus if learned, else 1 (the paper's plain cosine)
+
+
+@dataclass(frozen=True)
+class LRUALayout:
+    """A MANN's heads (Santoro et al. 2016, LRUA): where each head's fields lie in its head layer's
+    output, and the heads' part of a step.
+
+    Args:
+        heads: H, read heads, each with its write head.
+        width: M, the memory width.
+        write_vector: ``"add"`` (each write head emits its own add vector) or ``"key"`` (it
+            writes its read head's key).
+        learned_beta: each read head emits a key strength (else beta = 1).
+        decay: the usage decay gamma.
+    """
+
+    heads: int
+    width: int
+    write_vector: str
+    learned_beta: bool
+    decay: float
+
+    @property
+    def fields(self) -> dict[str, int]:
+        """Each head's fields, in order, name to width: ``key`` (M), ``alpha`` (1), then ``add``
+        (M) if ``write_vector == "add"`` and ``beta`` (1) if ``learned_beta``; head h's fields
+        are the h-th block of ``sum(widths)`` outputs."""
+        m = self.width
+        return {"key": m, "alpha": 1, **({"add": m} if self.write_vector == "add" else {}),
+                **({"beta": 1} if self.learned_beta else {})}
+
+    def activate(self, raw: Tensor) -> LRUAParameters:
+        """The activated fields of the head layer's output ``raw [B, H * sum(widths)]``."""
+        parts = torch.split(raw.view(raw.shape[0], self.heads, -1), list(self.fields.values()),
+                            dim=-1)
+        key = torch.tanh(parts[0])
+        add = torch.tanh(parts[2]) if self.write_vector == "add" else key
+        beta = F.softplus(parts[-1]) if self.learned_beta else torch.ones_like(parts[1])
+        return LRUAParameters(key=key, alpha=parts[1], add=add, beta=beta)
+
+    def heads_step(self, raw: Tensor, memory: Tensor, usage: Tensor, read_weights: Tensor,
+                   least_used: Tensor):
+        """The heads' part of a step from the head layer's output ``raw``: the write weights
+        from the previous read weights and least-used rows, the least-used row zeroed and the
+        write, the reads of the memory after it, the usage and the next least-used rows.
+
+        Returns:
+            ``(memory [B, N, M], usage [B, N], read_weights [B, H, N], least_used [B, N],
+            reads [B, H, M])``.
+        """
+        hp = self.activate(raw)
+        w_write = ntmf.lrua_write_weights(read_weights, least_used, hp.alpha)
+        memory = ntmf.lrua_write(memory, usage, w_write, hp.add)
+        w_read = ntmf.content_weights(memory, hp.key, hp.beta)  # (B, H, N)
+        usage = ntmf.update_usage(usage, w_read, w_write, self.decay)
+        reads = ntmf.read(memory, w_read)  # (B, H, M)
+        return memory, usage, w_read, ntmf.least_used(usage, self.heads), reads

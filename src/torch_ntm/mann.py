@@ -26,7 +26,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor, nn
 
 from torch_ntm import engines
@@ -41,7 +40,7 @@ from torch_ntm.checks import (
 )
 from torch_ntm.controllers import LSTMController
 from torch_ntm.engines import mann as native
-from torch_ntm.layout import NTMState
+from torch_ntm.layout import LRUALayout, NTMState
 from torch_ntm.model import MEMORY_INIT_CONSTANT
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
@@ -119,15 +118,6 @@ class MANNOptions:
         return dataclasses.replace(self, usage_decay=float(decay))
 
 
-class HeadParameters(NamedTuple):
-    """Activated parameters of all H heads (a read head and its write head together)."""
-
-    key: Tensor  # k, (B, H, M), tanh
-    alpha: Tensor  # alpha, (B, H, 1), raw: `lrua_write_weights` applies the sigmoid
-    add: Tensor  # a, (B, H, M), tanh; the key itself when write_vector == "key"
-    beta: Tensor  # beta, (B, H, 1), softplus if learned, else 1 (the paper's plain cosine)
-
-
 @read_only_options(MANNOptions)  # mann.memory_size, ...
 class _MANNBase(nn.Module):
     """Parameters, initial state and the one-step update shared by `MANNCell` and `MANN`."""
@@ -144,9 +134,12 @@ class _MANNBase(nn.Module):
                                    usage_decay, write_vector, learned_beta).checked()
 
         h, m = self.read_heads, self.memory_width
-        self._fields = list(self.head_fields.values())
+        # the heads' fields and step (torch_ntm.layout): what the engines read of the heads
+        self.head_layout = LRUALayout(h, m, self.options.write_vector, self.options.learned_beta,
+                                      self.options.usage_decay)
         self.controller = LSTMController(input_size + h * m, controller_size, 1, **factory)
-        self.head_params = nn.Linear(controller_size, h * sum(self._fields), **factory)
+        self.head_params = nn.Linear(controller_size, h * sum(self.head_fields.values()),
+                                     **factory)
         self.output = nn.Linear(controller_size + h * m, output_size, **factory)
         self.reset_parameters()
 
@@ -170,9 +163,7 @@ class _MANNBase(nn.Module):
         """Each head's fields in the head layer's output, in order, name to width: ``key`` (M),
         ``alpha`` (1), then ``add`` (M) if ``write_vector == "add"`` and ``beta`` (1) if
         ``learned_beta``. Head h's fields are the h-th block of ``sum(widths)`` outputs."""
-        m = self.memory_width
-        return {"key": m, "alpha": 1, **({"add": m} if self.write_vector == "add" else {}),
-                **({"beta": 1} if self.learned_beta else {})}
+        return self.head_layout.fields
 
     @property
     def _ref(self) -> Tensor:
@@ -232,14 +223,6 @@ class _MANNBase(nn.Module):
                 )
         check_state_tensors(state, ref)
 
-    def _heads(self, raw: Tensor) -> HeadParameters:
-        """Split ``[B, H, sum(fields)]`` raw parameters into named, activated fields."""
-        parts = torch.split(raw, self._fields, dim=-1)
-        key = torch.tanh(parts[0])
-        add = torch.tanh(parts[2]) if self.write_vector == "add" else key
-        beta = F.softplus(parts[-1]) if self.learned_beta else torch.ones_like(parts[1])
-        return HeadParameters(key=key, alpha=parts[1], add=add, beta=beta)
-
     def _step(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``."""
         b = x.shape[0]
@@ -249,15 +232,10 @@ class _MANNBase(nn.Module):
     def _memory_step(self, h: Tensor, ctrl: tuple, state: MANNState) -> tuple[Tensor, MANNState]:
         """The step after the controller: heads, addressing, write, read and output."""
         b = h.shape[0]
-        hp = self._heads(self.head_params(h).view(b, self.read_heads, -1))
-        w_write = ntmf.lrua_write_weights(state.read_weights, state.least_used, hp.alpha)
-        memory = ntmf.lrua_write(state.memory, state.usage, w_write, hp.add)
-        w_read = ntmf.content_weights(memory, hp.key, hp.beta)  # (B, H, N)
-        usage = ntmf.update_usage(state.usage, w_read, w_write, self.usage_decay)
-        reads = ntmf.read(memory, w_read)  # (B, H, M)
+        memory, usage, w_read, least_used, reads = self.head_layout.heads_step(
+            self.head_params(h), state.memory, state.usage, state.read_weights, state.least_used)
         logits = self.output(torch.cat([h, reads.reshape(b, -1)], -1))
-        return logits, MANNState(ctrl, memory, usage, w_read,
-                                 ntmf.least_used(usage, self.read_heads), reads)
+        return logits, MANNState(ctrl, memory, usage, w_read, least_used, reads)
 
 
 class MANNCell(_MANNBase):

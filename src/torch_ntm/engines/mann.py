@@ -18,6 +18,7 @@ chosen by the same rules (a stable sort's first H rows, the first minimum), so w
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 from typing import TYPE_CHECKING, NamedTuple
 
@@ -26,6 +27,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torch_ntm.engines import carried, first_order_only, library
+from torch_ntm.layout import LRUALayout
 
 if TYPE_CHECKING:
     from torch_ntm.mann import MANN, MANNState
@@ -88,6 +90,7 @@ class _Config(NamedTuple):
     add: int
     beta: int
     decay: float
+    layout: LRUALayout  # the model's heads, for `_eager_sequence`
 
     def call(self, steps: int, batch: int, keep: bool) -> MANNCall:
         return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
@@ -95,14 +98,14 @@ class _Config(NamedTuple):
 
 
 def _config(model: MANN) -> _Config:
-    fields = model.head_fields
+    fields = model.head_layout.fields
     offsets, start = {}, 0
     for name, width in fields.items():
         offsets[name] = start
         start += width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
                    model.memory_size, start, offsets["alpha"], offsets.get("add", -1),
-                   offsets.get("beta", -1), model.usage_decay)
+                   offsets.get("beta", -1), model.usage_decay, model.head_layout)
 
 
 def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> _Buffers:
@@ -157,6 +160,9 @@ class _Sequence(torch.autograd.Function):
         ctx.cfg = cfg
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(wrh, wp, *buf)
+        # For a second derivative (`first_order_only`): the same sequence in plain ops.
+        ctx.inputs = (xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used, reads)
+        ctx.leading, ctx.recompute = 1, functools.partial(_eager_sequence, cfg)
         lu = buf.lu[-1].clone()
         ctx.mark_non_differentiable(lu)
         # hs and reads are returned as they are (saved, not views); the rest are copies
@@ -189,6 +195,26 @@ class _Sequence(torch.autograd.Function):
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
         return (None, dgates, dwrh, dwp, draw.sum((0, 1)), dh0, dc0, dmem0.transpose(1, 2),
                 dusage0, dwr0, dlu0, dreads0)
+
+
+def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_read, least_used,
+                    reads) -> list:
+    """`_Sequence`'s function in plain ops on its own inputs: the LSTM from the permuted weights
+    (gates i, f, o, g), then the heads' step of the model's specification
+    (`LRUALayout.heads_step`). What a second derivative differentiates
+    (`torch_ntm.engines.first_order_only`)."""
+    c = cfg.controller
+    hs, all_reads = [], []
+    for t in range(xpre.shape[0]):
+        gates = xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t()
+        i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
+        cell = f * cell + i * torch.tanh(gates[:, 3 * c :])
+        h = o * torch.tanh(cell)
+        memory, usage, w_read, least_used, reads = cfg.layout.heads_step(
+            torch.addmm(bp, h, wp.t()), memory, usage, w_read, least_used)
+        hs.append(h)
+        all_reads.append(reads)
+    return [torch.stack(hs), torch.stack(all_reads), cell, memory, usage, w_read, least_used]
 
 
 _GATE_ORDER: dict = {}
