@@ -101,7 +101,8 @@ class HeadLayout:
     """Where each head's fields lie in the head layer's output, for one model's sizes.
 
     Args:
-        read_heads, write_heads: Hr, Hw.
+        read_heads: Hr, the number of read heads.
+        write_heads: Hw, the number of write heads.
         width: M, the memory width.
         shifts: 2R + 1, the shift distribution's width.
     """
