@@ -1,7 +1,7 @@
 """Pretrained models shipped with the package, one folder per name.
 
 Each folder holds a weights-only checkpoint in the format of `torch_ntm.checkpoint`
-(``checkpoint.json`` and ``weights-<step>.safetensors``, no training state)::
+(``checkpoint.json`` and ``weights-<step>.safetensors``, no training state):
 
     from torch_ntm import pretrained
 
