@@ -1,4 +1,4 @@
-r"""The README's per-seed table of `ntm train copy --seed S` (its section "Copy: time to solve").
+r"""The per-seed table of `ntm train copy --seed S` (docs/results/copy.md, "Time to solve").
 
     for s in 0 1 2 3 4; do
       TORCH_EXTENSIONS_DIR=$(mktemp -d) /usr/bin/time -f "%e s wall" \

@@ -1,4 +1,4 @@
-"""What an associative-recall model gets wrong (docs/results.md, "Associative recall").
+"""What an associative-recall model gets wrong (docs/results/associative-recall.md).
 
     python scripts/recall_errors.py runs/sweep-recall-learned-spikes/seed-1 [--items 6]
 

@@ -1,4 +1,4 @@
-"""How a repeat-copy model stores the count it is given (docs/results.md, "Repeat copy").
+"""How a repeat-copy model stores the count it is given (docs/results/repeat-copy.md).
 
     python scripts/repeat_copy_count.py src/torch_ntm/pretrained/repeat_copy [--max-repeats 20]
 

@@ -1,4 +1,4 @@
-"""Where a repeat-copy model goes wrong beyond the trained repeats (docs/results.md, "Repeat copy").
+"""Where a repeat-copy model goes wrong beyond the trained repeats (docs/results/repeat-copy.md).
 
     python scripts/repeat_copy_loops.py src/torch_ntm/pretrained/repeat_copy [--length 10]
 

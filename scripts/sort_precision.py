@@ -1,4 +1,4 @@
-"""Which priority-sort sequences a model gets wrong (docs/results.md, "Priority sort").
+"""Which priority-sort sequences a model gets wrong (docs/results/priority-sort.md).
 
     python scripts/sort_precision.py src/torch_ntm/pretrained/priority_sort [--inputs 20]
 

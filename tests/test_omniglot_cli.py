@@ -106,7 +106,8 @@ def test_registered_with_typed_parameters():
     assert isinstance(model, MANN) and (model.input_size, model.output_size) == (425, 25)
     assert (model.controller_size, model.memory_size, model.memory_width,
             model.read_heads) == (200, 128, 40, 4)
-    assert model.learned_beta  # the preset's one departure from the paper (docs/results.md)
+    # the preset's one departure from the paper (docs/results/omniglot.md)
+    assert model.learned_beta
     assert model.engine == "auto"
 
 

@@ -199,7 +199,8 @@ def test_shipped_model_still_solves_its_task(name, shipped):
 
 
 def test_shipped_priority_sort_sorts_as_documented(shipped):
-    # docs/results.md, `ntm evaluate --pretrained priority_sort --sequences 1000`: 95.2% and
+    # docs/results/priority-sort.md:
+    # `ntm evaluate --pretrained priority_sort --sequences 1000`: 95.2% and
     # 87.6% of the sequences perfect at 20 and 30 inputs (trained on 20). Slack for float
     # rounding on another machine: 5 sequences of the 1,000 at 20 inputs (the issue's 95%
     # holds at the bottom of it; the model shipped before scored 94.1%), 10 at 30.
@@ -210,7 +211,8 @@ def test_shipped_priority_sort_sorts_as_documented(shipped):
 
 
 def test_shipped_repeat_copy_generalises_as_documented():
-    # docs/results.md, `ntm evaluate --pretrained repeat_copy --lengths 5,10,15,20,30 --repeats
+    # docs/results/repeat-copy.md:
+    # `ntm evaluate --pretrained repeat_copy --lengths 5,10,15,20,30 --repeats
     # 10,12,15,20` (100 sequences, the run's eval_memory_size: 128 rows; it trained with 64):
     # 100 and 96 of 100 sequences perfect at lengths 15 and 20 with 10 repeats (trained on
     # L, R <= 10), 100 at length 15 with 12; 0.84 wrong data bits per sequence at length 10
@@ -229,7 +231,8 @@ def test_shipped_repeat_copy_generalises_as_documented():
 
 
 def test_shipped_ngrams_is_within_a_percent_of_the_bayes_optimal_cost_as_documented(shipped):
-    # docs/results.md, `ntm evaluate --pretrained ngrams --lengths 200 --sequences 1000`: 128.41
+    # docs/results/ngrams.md:
+    # `ntm evaluate --pretrained ngrams --lengths 200 --sequences 1000`: 128.41
     # bits per sequence against the Bayes-optimal 127.96 at the training length, +0.35% (issue
     # 13: within 1%). Slack for float rounding on another machine.
     model, task = shipped("ngrams")
@@ -240,7 +243,8 @@ def test_shipped_ngrams_is_within_a_percent_of_the_bayes_optimal_cost_as_documen
 
 
 def test_shipped_associative_recall_generalises_as_documented(shipped):
-    # docs/results.md, `ntm evaluate --pretrained associative_recall --lengths 6,8,10,12,15,20
+    # docs/results/associative-recall.md:
+    # `ntm evaluate --pretrained associative_recall --lengths 6,8,10,12,15,20
     # --sequences 1000`: 99.6% and 99.3% of the sequences perfect at 12 and 20 items (trained on
     # at most 6). Slack for float rounding on another machine.
     model, task = shipped("associative_recall")

@@ -1,4 +1,5 @@
-"""The README's code runs as printed (with a shorter training budget)."""
+"""The README's code, and the module guide's, runs as printed (with a shorter training
+budget)."""
 
 import math
 import re
@@ -18,14 +19,15 @@ def test_the_own_training_loop_runs_and_ends_on_its_best_validation():
     assert scope["keeper"].restore() == (errors, cost)
 
 
-def test_the_module_examples_run_with_the_shapes_they_state():
+def test_the_module_guides_examples_run_with_the_shapes_they_state():
     import textwrap
 
-    text = README.read_text()
-    module = re.search(r"## Using the module\n\n```python\n(.*?)```", text, re.S).group(1)
+    guide = README.parent / "docs" / "guide.md"
+    text = guide.read_text()
+    module = re.search(r"## NTM\n\n```python\n(.*?)```", text, re.S).group(1)
     packed = re.search(r"\*\*Packed sequences\*\*.*?```python\n(.*?)```", text, re.S).group(1)
     scope: dict = {}
-    exec(compile(module + textwrap.dedent(packed), str(README), "exec"), scope)
+    exec(compile(module + textwrap.dedent(packed), str(guide), "exec"), scope)
     assert tuple(scope["padded"].shape) == (30, 3, 8)
     assert scope["lengths"].tolist() == [12, 5, 30]
     assert tuple(scope["logits"].data.shape) == (47, 8)

@@ -1,5 +1,5 @@
-"""The analysis scripts that docs/results.md quotes run on the shipped models and print figures
-that add up (the commands in results.md must not rot)."""
+"""The analysis scripts that the results pages (docs/results/) quote run on the shipped models
+and print figures that add up (the commands in those pages must not rot)."""
 
 import os
 import re

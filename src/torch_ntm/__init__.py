@@ -12,7 +12,7 @@ from torch_ntm.model import NTM, NTMCell, NTMState, NTMTrace
 
 __all__ = ["MANN", "MANNCell", "MANNState", "NTM", "NTMCell", "NTMState", "NTMTrace",
            "functional", "pretrained"]
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 
 def __getattr__(name: str):

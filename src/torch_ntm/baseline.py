@@ -14,8 +14,10 @@ class LSTMBaseline(nn.Module):
     ``forward(x, state) -> (logits, state)``.
 
     Args:
-        input_size, output_size: widths of each input and output step.
-        hidden_size: units per layer; num_layers: LSTM layers.
+        input_size: width of each input step.
+        output_size: width of each output step (logits).
+        hidden_size: units per layer.
+        num_layers: LSTM layers.
         batch_first: inputs and outputs are ``[B, T, ...]``.
     """
 

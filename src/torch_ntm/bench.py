@@ -9,7 +9,7 @@ so that load from other processes affects them alike; compare engines by their r
 runs. Warm-up (including the native library's build, the first time on a machine) is excluded
 from the timings and reported separately as ``warmup_s``.
 
-Example::
+Example:
 
     from torch_ntm.bench import run_bench, format_table
     print(format_table(run_bench(batch_sizes=(16,), memory_sizes=(128,))))

@@ -1,6 +1,6 @@
 """Checkpoints: weights in safetensors, configuration and training state in JSON. No pickle.
 
-A run directory holds::
+A run directory holds:
 
     checkpoint.json                   config, counters, metrics, optimizer hyper-parameters,
                                       and the names and SHA-256 of the two files below

@@ -88,7 +88,7 @@ class TrainConfig(NTMOptions):
     # Also clip the global norm at this multiple of the median of the last 100 steps' norms
     # (torch_ntm.stability.SpikeClip; docs/stability.md); 0 disables.
     clip_spikes: float = 0.0
-    # A cap on the weights that chosen input channels feed (docs/results.md, repeat copy's
+    # A cap on the weights that chosen input channels feed (docs/results/, repeat copy's
     # count): after every update, each channel's column of the controller's first-layer input
     # weights (an LSTM baseline's first layer) is scaled down to norm input_max_norm where it
     # is above it. The channels are input_max_norm_channels (numbered from 0 as in the task's

@@ -6,7 +6,7 @@ entropy of a weighting (0 for a one-hot weighting, log N for a uniform one) and 
 largest norm of a memory row after the last step. `gradient_norms` gives the gradient norm of each
 group of parameters after ``backward``. docs/stability.md shows them around a collapse.
 
-Example::
+Example:
 
     loss.backward()
     grads = gradient_norms(ntm)                 # {"controller": ..., "heads": ..., ...}

@@ -4,6 +4,7 @@ label tasks (Omniglot), accuracy by instance on held-out episodes (`evaluate_epi
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 
 import torch
 from torch import nn
@@ -26,7 +27,7 @@ def task_objective(task):
 
 
 @torch.no_grad()
-def evaluate_batches(model: nn.Module, batches) -> dict:
+def evaluate_batches(model: nn.Module, batches: Iterable[tuple]) -> dict:
     """Mean cost (bits/sequence), bit errors/sequence and fraction of perfect sequences.
 
     For a label task (``task.loss == "cross_entropy"``) the same keys hold its scores: the

@@ -4,7 +4,7 @@ The model (`torch_ntm.model`) and its engines (`torch_ntm.engines`) both read th
 neither imports the other for them.
 
 The head layer (``NTM.head_params``, one linear layer for all heads) emits the Hr read heads'
-parameters first, then the Hw write heads', each head its fields in `HEAD_FIELDS` order::
+parameters first, then the Hw write heads', each head its fields in `HEAD_FIELDS` order:
 
     read head:   key (M) | beta (1) | gate (1) | shift (2R + 1) | gamma (1)
     write head:  key (M) | beta (1) | gate (1) | shift (2R + 1) | gamma (1) | erase (M) | add (M)
@@ -104,7 +104,8 @@ class HeadLayout:
     """Where each head's fields lie in the head layer's output, for one model's sizes.
 
     Args:
-        read_heads, write_heads: Hr, Hw.
+        read_heads: Hr, the number of read heads.
+        write_heads: Hw, the number of write heads.
         width: M, the memory width.
         shifts: 2R + 1, the shift distribution's width.
     """

@@ -240,7 +240,7 @@ class OmniglotTask(Task):
     of each, shown in a random order over ``T = C n`` steps (50 at the defaults). Each episode
     gives its classes fresh labels (a random permutation of the C one-hot labels, or C distinct
     random strings), so labels can only be learnt inside the episode: the label of every step is
-    given as input one step later. With L the label width (C one-hot, 25 for strings)::
+    given as input one step later. With L the label width (C one-hot, 25 for strings):
 
         step      0            1            2          ...  T-1
         input    [x_0    ]    [x_1    ]    [x_2    ]   ...  [x_{T-1}]   0 .. 399: image

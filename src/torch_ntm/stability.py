@@ -6,7 +6,7 @@ apart after learning can be rolled back. docs/stability.md explains when NTMs fa
 prevents it: `SpikeClip`, gradient-norm clipping at 1 and at twice the recent median norm).
 
 Example (a user's loop, the README's; ``validate`` returns wrong bits per sequence, lower is
-better)::
+better):
 
     clip = SpikeClip(ntm.parameters())
     keeper = BestWeights(ntm, optimizer)

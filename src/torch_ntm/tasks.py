@@ -82,7 +82,7 @@ def _randint(low: int, high: int, batch_size: int, generator: torch.Generator | 
 class CopyTask(Task):
     """Copy (section 4.1): read a sequence of random bit vectors, then write it back.
 
-    A sequence of length L (uniform on ``min_length..max_length``) takes ``T = 2L + 1`` steps::
+    A sequence of length L (uniform on ``min_length..max_length``) takes ``T = 2L + 1`` steps:
 
         step      0 .. L-1      L        L+1 .. 2L
         input    [x_1 .. x_L]  [delim]  [0 ....  0]      channels 0..width-1: data bits
@@ -139,7 +139,7 @@ class RepeatCopyTask(Task):
     """Repeat copy (section 4.2): copy a sequence a given number of times, then emit an end marker.
 
     Length L is uniform on ``min_length..max_length``, repeats R on ``min_repeats..max_repeats``;
-    a sequence takes ``T = (R + 1) L + 3`` steps::
+    a sequence takes ``T = (R + 1) L + 3`` steps:
 
         step     0        1 .. L         L+1       L+2 .. L+1+RL             L+2+RL
         input   [start]  [x_1 .. x_L]   [count]   [0 ............... 0]     [0]
@@ -236,7 +236,7 @@ class AssociativeRecallTask(Task):
     An item is ``item_length`` random bit vectors; a sequence has n items (uniform on
     ``min_items..max_items``). The query is a copy of item q, q uniform on ``0..n-2`` (never the
     last item); the answer is item q+1. With k = item_length a sequence takes ``T = (n+2)(k+1)``
-    steps, in blocks of k+1 (k = 3 shown)::
+    steps, in blocks of k+1 (k = 3 shown):
 
         block     0               ...  n-1              n                n+1
         input    [i][a1 a2 a3]    ...  [i][z1 z2 z3]    [q][c1 c2 c3]    [q][0  0  0 ]
@@ -355,7 +355,7 @@ class NGramsTask(Task):
     are independent, so the order of the index does not change the sequences' distribution,
     only which numbers of a generator's stream a sequence takes). A sequence of ``length`` bits
     x_0..x_{length-1} takes ``T = length - 1`` steps; the input at step t is x_t and the target is
-    x_{t+1}::
+    x_{t+1}:
 
         step      0     1    ...  order-3      order-2    ...  length-2
         input    [x_0] [x_1] ...  [x_{o-3}]    [x_{o-2}]  ...  [x_{length-2}]   1 channel
@@ -451,7 +451,7 @@ class PrioritySortTask(Task):
 
     ``num_inputs`` random bit vectors each come with a priority ~ U[-1, 1]; after a delimiter the
     target is the ``num_outputs`` vectors of highest priority, highest first. With n = num_inputs
-    and m = num_outputs a sequence takes ``T = n + 1 + m`` steps::
+    and m = num_outputs a sequence takes ``T = n + 1 + m`` steps:
 
         step      0 .. n-1       n        n+1 .. n+m
         input    [x_1 .. x_n]   [0]      [0 ..... 0]     channels 0..width-1: data

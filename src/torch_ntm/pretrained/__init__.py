@@ -1,7 +1,7 @@
 """Pretrained models shipped with the package, one folder per name.
 
 Each folder holds a weights-only checkpoint in the format of `torch_ntm.checkpoint`
-(``checkpoint.json`` and ``weights-<step>.safetensors``, no training state)::
+(``checkpoint.json`` and ``weights-<step>.safetensors``, no training state):
 
     from torch_ntm import pretrained
 
@@ -19,6 +19,7 @@ import os
 import re
 from pathlib import Path
 
+import torch
 from torch import nn
 
 from torch_ntm.checkpoint import (
@@ -85,8 +86,8 @@ def info(name: str, *, root: str | os.PathLike | None = None) -> dict:
             "metrics": dict(ckpt.metrics)}
 
 
-def load(name: str, *, root: str | os.PathLike | None = None, device=None,
-         **overrides) -> nn.Module:
+def load(name: str, *, root: str | os.PathLike | None = None,
+         device: torch.device | str | None = None, **overrides: object) -> nn.Module:
     """The trained model ``name`` (an `NTM`, the LSTM baseline or a `MANN`), in training mode.
 
     Args:
