@@ -179,7 +179,8 @@ class _MANNBase(nn.Module):
 
         Args:
             batch_size: B.
-            device, dtype: default to those of the module's parameters.
+            device: defaults to the module parameters' device.
+            dtype: defaults to the module parameters' dtype.
 
         Returns:
             `MANNState` (shapes as documented there).
@@ -242,7 +243,7 @@ class MANNCell(_MANNBase):
     """One step of a MANN; same constructor arguments as `MANN` (except ``batch_first``) and the
     same parameter names, so ``cell.load_state_dict(mann.state_dict())`` steps a trained model.
 
-    Example::
+    Example:
 
         cell = MANNCell(25, 5)
         state = None
@@ -284,12 +285,13 @@ class MANN(_MANNBase):
             ``"auto"`` (default) the fastest engine that can serve the call, ``"native"`` or
             ``"eager"`` (the loop of steps with plain autograd). May be changed on a built module
             by assigning ``mann.engine``.
-        device, dtype: of the parameters.
+        device: of the parameters.
+        dtype: of the parameters.
 
     Memory starts at a small constant for every call without a state; ``forward(x, state)``
     carries a state on. No parameter depends on N: a trained model loads into a larger memory.
 
-    Example::
+    Example:
 
         mann = MANN(25, 5)
         logits, state = mann(x)             # x: (T, B, 25) -> logits (T, B, 5)

@@ -200,7 +200,8 @@ class _NTMBase(nn.Module):
 
         Args:
             batch_size: B.
-            device, dtype: default to those of the module's parameters.
+            device: defaults to the module parameters' device.
+            dtype: defaults to the module parameters' dtype.
 
         Returns:
             `NTMState` with memory ``[B, N, M]``, weightings ``[B, H, N]``, reads ``[B, Hr, M]``.
@@ -311,7 +312,7 @@ class NTMCell(_NTMBase):
     Same constructor arguments as `NTM` (except ``batch_first``) and the same parameter names, so
     ``cell.load_state_dict(ntm.state_dict())`` steps a model trained as a sequence.
 
-    Example::
+    Example:
 
         cell = NTMCell(9, 8)
         state = None
@@ -341,31 +342,33 @@ class NTM(_NTMBase):
         controller_layers: number of controller layers.
         memory_size: N, rows of memory.
         memory_width: M, width of a memory row.
-        read_heads, write_heads: number of heads of each kind.
+        read_heads: number of read heads.
+        write_heads: number of write heads.
         shift_range: R; the heads can shift by -R..+R rows per step (2R+1 <= N).
         memory_init: ``"constant"`` (1e-6 everywhere), ``"learned"`` (one learned row repeated N
             times) or ``"random"`` (small uniform noise, drawn anew for each sequence).
-        max_beta, max_gamma: None (default) for the paper's unbounded key strength
-            ``softplus`` and sharpening ``1 + softplus``; a number bounds them smoothly,
-            ``beta = max_beta tanh(softplus / max_beta)`` (likewise gamma - 1 below
-            max_gamma - 1). For ablations: bounding gamma did not prevent the collapses of
-            docs/stability.md (gradient-norm clipping at 1 did).
+        max_beta: None (default) for the paper's unbounded key strength ``softplus``; a number
+            bounds it smoothly, ``beta = max_beta tanh(softplus / max_beta)``.
+        max_gamma: None (default) for the paper's unbounded sharpening ``1 + softplus``; a number
+            bounds gamma - 1 likewise below max_gamma - 1. For ablations: bounding gamma did not
+            prevent the collapses of the Stability page (gradient-norm clipping at 1 did).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
             ``"auto"`` (default) the fastest engine that can serve the call: ``"native"`` (the
             whole sequence, forward and backward, as one C++ call each, on the CPU in float32
             and float64; built once per machine in seconds) where it can, else ``"eager"`` (the
             loop over the step with plain autograd, which also serves `torch.func`,
-            forward-mode AD, `torch.autocast`, other dtypes and devices, and second
-            derivatives), saying once why. `trace` is always eager. May be changed on a built
-            module by assigning ``ntm.engine``.
-        device, dtype: of the parameters.
+            forward-mode AD, `torch.autocast`, other dtypes and devices), saying once why.
+            `trace` is always eager. May be changed on a built module by assigning
+            ``ntm.engine``.
+        device: of the parameters.
+        dtype: of the parameters.
 
     The arguments from ``controller`` to ``max_gamma`` are the fields of `NTMOptions`:
     ``ntm.options`` holds them, and each is a read-only attribute too (``ntm.memory_size``; the
     controller's name is ``ntm.controller_type``).
 
-    Example::
+    Example:
 
         ntm = NTM(9, 8)
         logits, state = ntm(x)              # x: (T, B, 9) -> logits (T, B, 8)
@@ -452,7 +455,7 @@ class NTM(_NTMBase):
             raise RuntimeError(
                 "NTM does not support torch.jit.trace (a trace would also fix the sequence "
                 "length); use torch.export.export(ntm, (x,), dynamic_shapes=...), which traces "
-                "one program for every length (README, Export)")
+                "one program for every length (docs/guide.md, Export)")
         if isinstance(x, PackedSequence):
             return self._forward_packed(x, state)
         if not isinstance(x, Tensor):
