@@ -1,9 +1,9 @@
 """One optimizer step for all of a model's parameters at once.
 
 A torch optimizer steps each parameter with its own ops (on the CPU, ``foreach`` still loops over
-the tensors): for the paper's NTM (13 parameter tensors, 63k numbers) RMSProp's step takes ~270-350
-us, about a tenth of a training step at batch 1, where the same step over one flat tensor, with the
-gathering of the gradients, takes ~180 us (2026-11-26, this 2-core CPU). `FlatOptimizer` makes the
+the tensors), which for a small model is a noticeable part of a training step at batch 1; one step
+over one flat tensor costs less (measured on the Speed page, "one optimizer step for all the
+parameters"). `FlatOptimizer` makes the
 parameters views of one flat tensor, gives the optimizer that tensor, and gathers the gradients into
 its ``grad`` before each step. The update is elementwise, so each number comes out bitwise as the
 per-parameter optimizer would make it (tested), and its ``state_dict`` is the per-parameter

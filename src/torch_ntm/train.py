@@ -101,8 +101,7 @@ class _StopSignals:
 
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     # foreach: one op per update across all parameters instead of a loop over them (torch only
-    # defaults to it on GPUs); measured 0.82 -> 0.49 ms per RMSProp step and 0.80 -> 0.61 ms per
-    # Adam step for the copy model on this CPU, ~5% of a native training step at batch 1.
+    # defaults to it on GPUs); faster on the CPU too (the Speed page).
     if config.optimizer == "rmsprop":
         return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
                                    momentum=config.momentum, weight_decay=config.weight_decay,
