@@ -94,7 +94,10 @@ def current() -> str:
 
 
 def main() -> int:
-    check = "--check" in sys.argv[1:]
+    parser = argparse.ArgumentParser(prog="cli_reference.py", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--check", action="store_true",
+                        help="exit 1 if docs/cli.md's reference is out of date, writing nothing")
+    check = parser.parse_args().check
     text, generated = PAGE.read_text(), render()
     if check:
         if current() != generated:
