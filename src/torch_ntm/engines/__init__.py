@@ -6,7 +6,7 @@ argument:
 - ``"eager"``: the model's own loop over its step (``model._step``), with autograd recording every
   op: the specification the other engines are tested against, and the engine for everything the
   others cannot do: `torch.func` transforms, forward-mode AD, `torch.autocast`, dtypes other than
-  float32 and float64, devices without a native engine, second derivatives.
+  float32 and float64, devices without a native engine.
 - ``"native"``: the whole sequence, forward and backward, as one C++ call each (`ntm`, `mann`
   here; kernels in ``csrc/``, built on first use by `library`), on the CPU, in float32 and
   float64.
@@ -27,6 +27,8 @@ import logging
 
 import torch
 from torch import Tensor
+
+from torch_ntm.engines import library
 
 __all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
            "first_order_only", "prepare"]
@@ -58,8 +60,6 @@ def eager_only() -> bool:
 def _why_not_native(x: Tensor, kernels) -> str | None:
     """Why the native engine cannot run a call with input ``x`` on ``kernels`` (the model's
     `library.Description`), or None if it can."""
-    from torch_ntm.engines import library
-
     if eager_only():
         return "a torch.func transform or forward-mode AD is active"
     if torch.is_autocast_enabled(x.device.type):
@@ -95,7 +95,7 @@ def prepare(model: str, dtype: torch.dtype = torch.float32) -> None:
     """Start building the native kernels of ``model`` (``"ntm"`` or ``"mann"``, as
     `torch_ntm.config.TrainConfig` names it; another: nothing) in the background
     (`library.prepare`): ``ntm`` commands call this as soon as they know the model."""
-    from torch_ntm.engines import library, mann, ntm
+    from torch_ntm.engines import mann, ntm
 
     kernels = {"ntm": ntm.NTMCall, "mann": mann.MANNCall}.get(model)
     if kernels is not None:
@@ -121,49 +121,21 @@ def check_engine(value: str) -> str:
 # Second derivatives: a native backward is one C++ call, which autograd cannot record.
 # ------------------------------------------------------------------------------------------------
 
-_SECOND_ORDER = (
-    "the native engine computes first derivatives only (its backward is one C++ call): a second "
-    "derivative (create_graph=True: double backward, a gradient penalty, a Hessian-vector "
-    "product) needs engine=\"eager\" (model.engine = \"eager\")")
-
-
-class _RaisesIfDifferentiated(torch.autograd.Function):
-    """A -0.0 (adding it changes no value, not even a zero's sign) that depends on ``inputs``
-    and whose backward raises `_SECOND_ORDER`."""
-
-    @staticmethod
-    def forward(ctx, like: Tensor, *inputs: Tensor):
-        return like.new_full((), -0.0)
-
-    @staticmethod
-    def backward(ctx, grad):
-        raise RuntimeError(_SECOND_ORDER)
-
 
 def first_order_only(backward):
     """Decorates an `autograd.Function`'s ``backward`` that autograd cannot record (a native
     engine's C++ call): it runs without a graph. Where autograd asks for one
-    (``create_graph=True``: a second derivative may follow), the gradients are computed again by
+    (``create_graph=True``: a second derivative may follow), the gradients are computed instead by
     autograd through ``ctx.recompute(*ctx.inputs)``, the same function as the forward in plain
-    ops, if the forward left one (said once); else each result gets a -0.0 that depends on the
-    incoming gradients and raises when differentiated, so that a second derivative raises with
-    the fix instead of coming out wrong or zero without a word."""
+    ops, which the forward leaves on ``ctx`` (said once)."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
-        if torch.is_grad_enabled() and getattr(ctx, "recompute", None) is not None:
+        if torch.is_grad_enabled():
             _say_once("a second derivative through the native engine: its backward is "
                       "computed again through the eager step (create_graph=True)")
             return _recomputed(ctx, grads)
-        with torch.no_grad():
-            out = backward(ctx, *grads)
-        if not torch.is_grad_enabled():
-            return out
-        like = next(g for g in out if isinstance(g, Tensor))
-        leaf = torch.zeros((), requires_grad=True)  # so that the results always require grad
-        needing = [leaf, *(g for g in grads if isinstance(g, Tensor) and g.requires_grad)]
-        zero = _RaisesIfDifferentiated.apply(like.detach(), *needing)
-        return tuple(g if g is None else g + zero for g in out)
+        return backward(ctx, *grads)
 
     return wrapper
 
