@@ -31,7 +31,7 @@ from torch import Tensor
 from torch_ntm.engines import library
 
 __all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
-           "first_order_only", "prepare"]
+           "first_order_only", "lstm_gate_order", "prepare"]
 
 ENGINES = ("auto", "native", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
@@ -162,3 +162,12 @@ def carried(grad: Tensor | None, like: Tensor) -> Tensor:
     if grad is None:
         return torch.zeros_like(like)
     return grad.clone(memory_format=torch.contiguous_format)
+
+
+@functools.lru_cache
+def lstm_gate_order(hidden: int) -> Tensor:
+    """The rows of nn.LSTMCell's gates (i, f, g, o), ``4 * hidden`` of them, in the native
+    kernels' order (i, f, o, g: the three sigmoids one run, csrc/common.h's `lstm_gates`); one
+    tensor per size, shared (not to be written)."""
+    c = hidden
+    return torch.cat([torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)])

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.engines import carried, first_order_only, library
+from torch_ntm.engines import carried, first_order_only, library, lstm_gate_order
 from torch_ntm.layout import LRUALayout
 
 if TYPE_CHECKING:
@@ -217,17 +217,6 @@ def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_r
     return [torch.stack(hs), torch.stack(all_reads), cell, memory, usage, w_read, least_used]
 
 
-_GATE_ORDER: dict = {}
-
-
-def _gate_order(c: int) -> Tensor:
-    """The rows of nn.LSTMCell's gates (i, f, g, o) in the library's order (i, f, o, g)."""
-    if c not in _GATE_ORDER:
-        _GATE_ORDER[c] = torch.cat([torch.arange(0, 2 * c), torch.arange(3 * c, 4 * c),
-                                    torch.arange(2 * c, 3 * c)])
-    return _GATE_ORDER[c]
-
-
 def forward(model: MANN, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
     """``model``'s sequence by the native engine.
 
@@ -247,7 +236,7 @@ def forward(model: MANN, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState
             library.keep_freed_memory()
     cfg = _config(model)
     cell = model.controller.cells[0]
-    order = _gate_order(cfg.controller)
+    order = lstm_gate_order(cfg.controller)
     n = model.input_size
     weight_ih = cell.weight_ih[order]
     xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])  # [T, B, 4C]

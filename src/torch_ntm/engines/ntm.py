@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.engines import carried, first_order_only
+from torch_ntm.engines import carried, first_order_only, lstm_gate_order
 from torch_ntm.engines.library import Description, call, keep_freed_memory
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout, NTMState
 
@@ -168,8 +168,7 @@ def _plan(model: NTM, device: torch.device) -> _Plan:
     if plan is None:
         blocks = head_blocks(model.head_layout)
         c = opt.controller_size
-        gate_perm = torch.cat(
-            [torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)])
+        gate_perm = lstm_gate_order(c)
         beta_cap, gamma_cap = opt.caps
         cfg = _Config(lstm=opt.controller == "lstm", layers=opt.controller_layers, hidden=c,
                       read_heads=opt.read_heads, write_heads=opt.write_heads,
