@@ -1,14 +1,13 @@
 // What every native model's kernels share (ntm.h for the NTM, mann.cpp for the MANN): small
 // vectorised loops over contiguous rows, the matmul (torch's BLAS), and the LSTM controller's gates
-// forward and backward (the C entry points' part is entry.h). No torch header but ATen's vector
-// type, so that a build takes seconds.
+// forward and backward (the C entry points' part is entry.h). No torch header (the vector type is
+// vec.h's), so that a build takes seconds.
 
 #pragma once
 
 #include "entry.h"
 
-#include <ATen/cpu/vec/functional.h>
-#include <ATen/cpu/vec/vec.h>
+#include "vec.h"
 
 #include <algorithm>
 #include <cmath>
@@ -25,9 +24,6 @@ namespace torch_ntm {
 // ------------------------------------------------------------------------------------------------
 
 template <typename F>
-using Vec = at::vec::Vectorized<F>;
-
-template <typename F>
 inline F dot(const F* a, const F* b, int64_t n) {
   F acc = 0;
   if (n >= 4 * Vec<F>::size()) {
@@ -36,10 +32,10 @@ inline F dot(const F* a, const F* b, int64_t n) {
     V s0(F(0)), s1(F(0)), s2(F(0)), s3(F(0));
     int64_t i = 0;
     for (; i + 4 * W <= n; i += 4 * W) {
-      s0 = at::vec::fmadd(V::loadu(a + i), V::loadu(b + i), s0);
-      s1 = at::vec::fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
-      s2 = at::vec::fmadd(V::loadu(a + i + 2 * W), V::loadu(b + i + 2 * W), s2);
-      s3 = at::vec::fmadd(V::loadu(a + i + 3 * W), V::loadu(b + i + 3 * W), s3);
+      s0 = fmadd(V::loadu(a + i), V::loadu(b + i), s0);
+      s1 = fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
+      s2 = fmadd(V::loadu(a + i + 2 * W), V::loadu(b + i + 2 * W), s2);
+      s3 = fmadd(V::loadu(a + i + 3 * W), V::loadu(b + i + 3 * W), s3);
     }
     F lanes[W];
     ((s0 + s1) + (s2 + s3)).store(lanes);
@@ -68,7 +64,7 @@ inline F max_of(const F* a, int64_t n, F init) {
   constexpr int64_t W = V::size();
   V m(init);
   int64_t i = 0;
-  for (; i + W <= n; i += W) m = at::vec::maximum(m, V::loadu(a + i));
+  for (; i + W <= n; i += W) m = maximum(m, V::loadu(a + i));
   F lanes[W];
   m.store(lanes);
   F out = init;
@@ -94,14 +90,12 @@ inline void store_n(const Vec<F>& v, F* p, int64_t n) {
 template <typename F>
 inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
 
-// Elementwise maps over n values with ATen's vector type (SLEEF's exp, log and tanh, as torch's
-// own CPU kernels use), so that the transcendental functions of a step vectorise too.
+// Elementwise maps (vec.h's map1) take these: SLEEF's exp, log and tanh, as torch's own CPU
+// kernels use, so that the transcendental functions of a step vectorise too.
 
 template <typename F>
 inline Vec<F> vsigmoid(Vec<F> x) { return (Vec<F>(F(1)) + x.neg().exp()).reciprocal(); }
 
-template <typename F, typename Op>
-inline void map1(F* out, const F* a, int64_t n, const Op& op) { at::vec::map(op, out, a, n); }
 
 // y[i] (+)= sum_j x[j] a[j][i] for a [rows, n] row-major: a memory's rows combined (cosine
 // numerators, gradients of weightings). Four vector registers of y at a time stay in registers
@@ -119,10 +113,10 @@ void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool ac
     for (int64_t j = 0; j < rows; ++j) {
       const V xj(x[j]);
       const F* r = a + j * n + i;
-      y0 = at::vec::fmadd(xj, V::loadu(r), y0);
-      y1 = at::vec::fmadd(xj, V::loadu(r + W), y1);
-      y2 = at::vec::fmadd(xj, V::loadu(r + 2 * W), y2);
-      y3 = at::vec::fmadd(xj, V::loadu(r + 3 * W), y3);
+      y0 = fmadd(xj, V::loadu(r), y0);
+      y1 = fmadd(xj, V::loadu(r + W), y1);
+      y2 = fmadd(xj, V::loadu(r + 2 * W), y2);
+      y3 = fmadd(xj, V::loadu(r + 3 * W), y3);
     }
     y0.store(y + i);
     y1.store(y + i + W);

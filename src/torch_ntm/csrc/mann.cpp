@@ -13,8 +13,6 @@
 #include "calls.h"  // generated from engines/mann.py's MANNCall
 #include "common.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -116,12 +114,7 @@ void least_used(const F* usage, int64_t N, int64_t H, F* lu) {
   for (; i + W <= N; i += W) {
     const F worst = usage[best[H - 1]];
     if (!std::isnan(worst)) {  // else every number comes first: row by row
-      const V below = V::loadu(usage + i) < V(worst);  // NaN lanes: false
-      F lanes[W];
-      below.store(lanes);
-      bool any = false;
-      for (int64_t l = 0; l < W; ++l) any |= lanes[l] != F(0);
-      if (!any) continue;
+      if (!any_below(V::loadu(usage + i), V(worst))) continue;  // NaN lanes: not below
     }
     for (int64_t l = i; l < i + W; ++l) offer(l);
   }
@@ -186,10 +179,10 @@ void write_pass(const Cfg& c, const F* coef, const F* ww, const F* keep, const F
     for (int64_t j = 0; j < M; ++j) {
       const F* cj = coef + j * 2 * KH;
       V row = load(mem_prev + j * N + i) * kp;
-      for (int k = 0; k < KH; ++k) row = at::vec::fmadd(V(cj[k]), w[k], row);
+      for (int k = 0; k < KH; ++k) row = fmadd(V(cj[k]), w[k], row);
       store(row, mem + j * N + i);
-      sq = at::vec::fmadd(row, row, sq);
-      for (int k = 0; k < KH; ++k) d[k] = at::vec::fmadd(V(cj[KH + k]), row, d[k]);
+      sq = fmadd(row, row, sq);
+      for (int k = 0; k < KH; ++k) d[k] = fmadd(V(cj[KH + k]), row, d[k]);
     }
     store(sq, msq + i);
     for (int k = 0; k < KH; ++k) store(d[k], dots + k * N + i);
@@ -249,21 +242,6 @@ void write_and_dots(const Cfg& c, const F* act, const F* ww, const F* keep, cons
   }
 }
 
-// The sum of a vector's lanes: a tree of shuffles where the instruction set has one (a loop of
-// dependent scalar adds costs several times more in the per-row dot products below).
-template <typename F>
-inline F hsum(const Vec<F>& v) {
-#if defined(CPU_CAPABILITY_AVX512)
-  if constexpr (std::is_same_v<F, float>) {
-    return _mm512_reduce_add_ps(v);
-  } else {
-    return _mm512_reduce_add_pd(v);
-  }
-#else
-  return at::vec::vec_reduce_all<F>([](Vec<F> a, Vec<F> b) { return a + b; }, v);
-#endif
-}
-
 // reads[k][j] = wr[k] . mem[j] for KH heads, all M rows: one pass over the rows, each row's
 // products with the KH weightings in registers.
 template <typename F, int KH>
@@ -277,9 +255,9 @@ void read_rows(const Cfg& c, const F* wr, const F* mem, F* reads) {
     for (int64_t i = 0; i < N; i += V::size()) {
       const int64_t n = std::min<int64_t>(V::size(), N - i);
       const V x = load_n(row + i, n);
-      for (int k = 0; k < KH; ++k) acc[k] = at::vec::fmadd(load_n(wr + k * N + i, n), x, acc[k]);
+      for (int k = 0; k < KH; ++k) acc[k] = fmadd(load_n(wr + k * N + i, n), x, acc[k]);
     }
-    for (int k = 0; k < KH; ++k) reads[k * M + j] = hsum(acc[k]);
+    for (int k = 0; k < KH; ++k) reads[k * M + j] = acc[k].reduce_add();
   }
 }
 
@@ -379,22 +357,22 @@ void rows_backward(const Cfg& c, const F* mem, const F* act, const F* wr, const 
     for (int64_t i = 0; i < N; i += V::size()) {
       const int64_t n = std::min<int64_t>(V::size(), N - i);
       const V x = load_n(row + i, n);
-      V d = at::vec::fmadd(V(F(2)) * x, load_n(dmsq + i, n), load_n(drow + i, n));
+      V d = fmadd(V(F(2)) * x, load_n(dmsq + i, n), load_n(drow + i, n));
       for (int k = 0; k < KH; ++k) {
         const V dd = load_n(ddot + k * N + i, n);
-        acc_key[k] = at::vec::fmadd(dd, x, acc_key[k]);
-        d = at::vec::fmadd(r[k], load_n(wr + k * N + i, n), d);
-        d = at::vec::fmadd(kj[k], dd, d);
+        acc_key[k] = fmadd(dd, x, acc_key[k]);
+        d = fmadd(r[k], load_n(wr + k * N + i, n), d);
+        d = fmadd(kj[k], dd, d);
       }
       for (int k = 0; k < KH; ++k) {
-        acc_add[k] = at::vec::fmadd(load_n(ww + k * N + i, n), d, acc_add[k]);
-        store_n(at::vec::fmadd(a[k], d, load_n(dww + k * N + i, n)), dww + k * N + i, n);
+        acc_add[k] = fmadd(load_n(ww + k * N + i, n), d, acc_add[k]);
+        store_n(fmadd(a[k], d, load_n(dww + k * N + i, n)), dww + k * N + i, n);
       }
       store_n(d * load_n(keep + i, n), drow + i, n);
     }
     for (int k = 0; k < KH; ++k) {
-      dact[c.key(k) + j] += hsum(acc_key[k]) + F(2) * act[c.key(k) + j] * dkq[k];
-      dact[c.add(k) + j] += hsum(acc_add[k]);
+      dact[c.key(k) + j] += acc_key[k].reduce_add() + F(2) * act[c.key(k) + j] * dkq[k];
+      dact[c.add(k) + j] += acc_add[k].reduce_add();
     }
   }
 }
@@ -533,35 +511,6 @@ void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq
 // All steps.
 // ------------------------------------------------------------------------------------------------
 
-// dst[0, n) = src[0, n) with stores that bypass the cache (no read of dst's lines first), where
-// dst is aligned to the vector: a step's memory copied to the history that only the backward
-// reads, long after.
-template <typename F>
-void stream_copy(const F* src, F* dst, int64_t n) {
-  int64_t i = 0;
-#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
-  constexpr int64_t bytes = Vec<F>::size() * sizeof(F);
-  if (reinterpret_cast<uintptr_t>(dst) % bytes == 0) {
-    for (; i + Vec<F>::size() <= n; i += Vec<F>::size()) {
-#if defined(CPU_CAPABILITY_AVX512)
-      if constexpr (std::is_same_v<F, float>) {
-        _mm512_stream_ps(dst + i, _mm512_loadu_ps(src + i));
-      } else {
-        _mm512_stream_pd(dst + i, _mm512_loadu_pd(src + i));
-      }
-#else
-      if constexpr (std::is_same_v<F, float>) {
-        _mm256_stream_ps(dst + i, _mm256_loadu_ps(src + i));
-      } else {
-        _mm256_stream_pd(dst + i, _mm256_loadu_pd(src + i));
-      }
-#endif
-    }
-  }
-#endif
-  std::copy(src + i, src + n, dst + i);
-}
-
 template <typename F>
 struct Params {
   const F* xpre;  // [T, B, 4C] the LSTM's input side, biases included (gates i, f, o, g)
@@ -608,17 +557,17 @@ void forward(const View<F>& v, const Params<F>& p) {
     F* history = c.keep_all ? v.mem(s1) : nullptr;
     F* rd = v.reads(t);
     F* cs = v.cos(st);
-    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+    {
       std::vector<F> act(c.P), ww(H * N), keep(N), inv(N), coef(8 * M);
-      for (int64_t b = begin; b < end; ++b) {
+      for (int64_t b = 0; b < B; ++b) {
         memory_step(c, raw + b * c.P, mp + b * M * N, up + b * N, wrp + b * H * N, lp + b * N,
                     mn + b * M * N, qn + b * N, un + b * N, wrn + b * H * N, ln + b * N,
                     rd + b * H * M, cs + b * H * N, act.data(), ww.data(), keep.data(),
                     inv.data(), coef.data());
         if (history) stream_copy(mn + b * M * N, history + b * M * N, M * N);
       }
-    });
-    if (history) _mm_sfence();
+    }
+    if (history) stream_fence();
   }
 }
 
@@ -651,10 +600,10 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
     const F *up = v.usage(t), *wrp = v.wr(t), *lp = v.lu(t);
     const F* cs = v.cos(t);
     F* drw = draw + t * B * c.P;
-    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+    {
       std::vector<F> act(c.P), dact(c.P), ww(H * N), dw(H * N), ddot(H * N), keep(N), inv(N),
           dmsq(N);
-      for (int64_t b = begin; b < end; ++b) {
+      for (int64_t b = 0; b < B; ++b) {
         memory_step_backward(c, raw + b * c.P, mn + b * M * N, qn + b * N, cs + b * H * N,
                              up + b * N, wrp + b * H * N, lp + b * N, wrn + b * H * N,
                              dr.data() + b * H * M, g.dmem + b * M * N, g.dusage + b * N,
@@ -662,7 +611,7 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
                              dact.data(), ww.data(), dw.data(), ddot.data(), keep.data(),
                              inv.data(), dmsq.data());
       }
-    });
+    }
     // h_t feeds the outputs, the head layer and the next step's gates.
     const F* dho = dhs + t * B * C;
 #pragma omp simd

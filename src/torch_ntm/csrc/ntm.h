@@ -12,8 +12,6 @@
 #include "common.h"
 #include "sequence.h"
 
-#include <ATen/Parallel.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cmath>
@@ -294,11 +292,11 @@ void erase_add(const Cfg& c, const F* act, const F* ww, const F* mem_prev, F* me
       for (int64_t k = 0; k < c.Hw; ++k) {
         const V w = load_n(ww + k * N + i, n);
         keep = keep * (V(F(1)) - V(act[c.erase(k) + j]) * w);
-        add = at::vec::fmadd(V(act[c.add(k) + j]), w, add);
+        add = fmadd(V(act[c.add(k) + j]), w, add);
       }
-      const V row = at::vec::fmadd(load_n(mem_prev + j * N + i, n), keep, add);
+      const V row = fmadd(load_n(mem_prev + j * N + i, n), keep, add);
       store_n(row, mem + j * N + i, n);
-      sq = at::vec::fmadd(row, row, sq);
+      sq = fmadd(row, row, sq);
     }
     store_n(sq, msq + i, n);
   }
@@ -502,15 +500,15 @@ void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
     F *mn = v.mem(s1), *qn = v.msq(s1), *wrn = v.wr(s1), *wwn = v.ww(s1);
     F* rd = v.reads(t);
     F* ad = v.addr(st);
-    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+    {
       std::vector<F> act(c.P), work(3 * N);
-      for (int64_t b = begin; b < end; ++b) {
+      for (int64_t b = 0; b < B; ++b) {
         write_and_read(c, raw + b * c.P, mp + b * M * N, qp + b * N, wrp + b * c.Hr * N,
                        wwp + b * c.Hw * N, mn + b * M * N, qn + b * N, wrn + b * c.Hr * N,
                        wwn + b * c.Hw * N, rd + b * c.Hr * M, ad + b * c.H * N, act.data(),
                        work.data());
       }
-    });
+    }
   }
 }
 
@@ -533,10 +531,10 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
     const F* ad = v.addr(t);
     const F* dro = dro_all + t * B * Hr * M;
     F* drw = draw_all + t * B * c.P;
-    at::parallel_for(0, B, 8, [&](int64_t begin, int64_t end) {
+    {
       std::vector<F> act(c.P), dact(c.P), dmsq(N), tmp(5 * N), dwt(std::max<int64_t>(Hw, 1) * N),
           erase_tmp((Hw + 3) * N), ddot(std::max(Hr, Hw) * (N + 1));
-      for (int64_t b = begin; b < end; ++b) {
+      for (int64_t b = 0; b < B; ++b) {
         heads_backward(c, rawp + b * c.P, mp + b * M * N, qp + b * N, mn + b * M * N,
                        qn + b * N, wrp + b * Hr * N, wwp + b * Hw * N, wrn + b * Hr * N,
                        wwn + b * Hw * N, ad + b * c.H * N, dro + b * Hr * M,
@@ -544,7 +542,7 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
                        dmem + b * M * N, drw + b * c.P, act.data(), dact.data(), dmsq.data(),
                        tmp.data(), dwt.data(), erase_tmp.data(), ddot.data());
       }
-    });
+    }
     // The top layer's output feeds the head layer (and, for an LSTM, the next step).
     std::copy(dho + t * B * C, dho + (t + 1) * B * C, dtop.data());
     gemm<F>(false, false, B, C, c.P, drw, wpp, F(1), dtop.data());  // += draw wp

@@ -1,6 +1,6 @@
 // The native engine's declarations: the static sizes of a call, raw views of its buffers, and the
-// two kernels (ntm.h). No torch header but ATen's vector type and parallel_for is included,
-// so that the build takes seconds.
+// two kernels (ntm.h). No torch header is included, so that the build takes seconds; a batch's
+// elements run one after the other on the calling thread.
 //
 // Shapes: T steps, B batch, L controller layers of C units, memory of N rows of width M kept
 // transposed per batch element ([M, N], so that loops over rows are contiguous), H = Hw + Hr

@@ -2,8 +2,8 @@
 through ctypes.
 
 The library is built with `torch.utils.cpp_extension` (a C++ compiler and ninja, which ``pip
-install ninja`` provides; no torch header but ATen's vector type, so seconds on a 2-core CPU) and
-cached on disk (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): one library
+install ninja`` provides; no torch header, so seconds on a 2-core CPU: csrc/vec.h is the vector
+type, with torch's own SLEEF functions) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): one library
 per model's kernels (a `Description`'s ``name`` and ``sources``) and float dtype, each built when
 first needed, serves every size and sequence length.
 
@@ -134,9 +134,9 @@ def _flags() -> list[str]:
     # omp simd pragmas only (no OpenMP runtime); errno is never read, and setting it would keep
     # the loops with a square root from vectorising.
     flags = ["-O3", "-fopenmp-simd", "-fno-math-errno"]
-    # ATen's vector type takes the form of the CPU's best instruction set that torch's own kernels
-    # use (torch.backends.cpu.get_cpu_capability(); ATEN_CPU_CAPABILITY=avx2 in the environment
-    # lowers it), and SLEEF's exp, log and tanh of that width with it.
+    # The vector type (csrc/vec.h) takes the form of the CPU's best instruction set that torch's
+    # own kernels use (torch.backends.cpu.get_cpu_capability(); ATEN_CPU_CAPABILITY=avx2 in the
+    # environment lowers it), and SLEEF's exp, log and tanh of that width with it.
     capability = torch.backends.cpu.get_cpu_capability()
     if capability == "AVX512":
         flags += ["-mavx512f", "-mavx512bw", "-mavx512vl", "-mavx512dq", "-mfma",
