@@ -1,11 +1,11 @@
 """The native library: every model's C++ kernels (``csrc/*.cpp``), built on first use and called
 through ctypes.
 
-The library is built with `torch.utils.cpp_extension` (a C++ compiler and ninja, which ``pip
-install ninja`` provides; no torch header, so seconds on a 2-core CPU: csrc/vec.h is the vector
-type, with torch's own SLEEF functions) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default ``~/.cache/torch_extensions``): one library
-per model's kernels (a `Description`'s ``name`` and ``sources``) and float dtype, each built when
-first needed, serves every size and sequence length.
+The library is built with `torch.utils.cpp_extension` (a C++ compiler and ninja, which ``pip install
+ninja`` provides; no torch header, so seconds on a 2-core CPU: csrc/vec.h is the vector type, with
+torch's own SLEEF functions) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``): one library per model's kernels (a `Description`'s ``name`` and
+``sources``) and float dtype, each built when first needed, serves every size and sequence length.
 
 A kernel is ``int name(int dtype, const Description* d, const uintptr_t* pointers)``: the static
 sizes of the call in a `Description` (a ctypes structure each engine declares, from which the C++
