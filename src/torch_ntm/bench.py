@@ -118,7 +118,8 @@ def run_bench(
         memory_sizes: memory rows N to measure (memory width 20, the paper's copy model).
         steps: timed calls per repeat (training steps, and inference passes).
         device: where the model and data live.
-        engines: any of `torch_ntm.engines.ENGINES` (``"auto"``, ``"native"``, ``"eager"``).
+        engines: any of `torch_ntm.engines.ENGINES` (``"auto"``, ``"native"``, ``"graphs"``,
+            ``"eager"``).
         threads: ``torch.set_num_threads`` for the run (restored after); None keeps the current.
         repeats: interleaved repeats; the reported figures are medians over them.
         seed: seed of the parameters and of the data.
@@ -126,7 +127,7 @@ def run_bench(
     Returns:
         One dict per (memory size, batch size, engine) with keys ``engine, device, batch_size,
         seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``runs_as`` (the
-        engine that served the calls: ``"auto"`` runs as ``"native"`` or ``"eager"``),
+        engine that served the calls: ``"auto"`` runs as ``"native"``, ``"graphs"`` or ``"eager"``),
         ``warmup_s`` (warm-up time beyond two steady-state steps: the library's build, first
         allocations), ``threads`` and ``steps``.
     """

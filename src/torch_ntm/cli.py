@@ -189,8 +189,8 @@ def _cmd_train(args) -> int:
         run_dir = Path(args.out or _default_run_dir(args.task))
         if main_process:  # the other ranks would see its files appear
             run_dir = _new_run_dir(args.out, args.task, args.overwrite)
-    prepare(config.model)  # the native kernels' first build overlaps with what comes before use
-    resolve_device(config.device)  # before a run directory exists for it
+    if resolve_device(config.device).type == "cpu":  # before a run directory exists for it
+        prepare(config.model)  # the native kernels' first build overlaps with what follows
     # Everything is checked: from here on this process owns the run directory.
     stack = contextlib.ExitStack()
     if main_process:

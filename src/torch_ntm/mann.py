@@ -39,6 +39,7 @@ from torch_ntm.checks import (
     read_only_options,
 )
 from torch_ntm.controllers import LSTMController
+from torch_ntm.engines import graphs
 from torch_ntm.engines import mann as native
 from torch_ntm.layout import LRUALayout, NTMState
 from torch_ntm.model import MEMORY_INIT_CONSTANT
@@ -320,7 +321,8 @@ class MANN(_MANNBase):
 
     def runs_on(self, x: Tensor) -> str:
         """The engine that `forward` runs on input ``x`` (time-major or batch first, as
-        `forward` takes it): ``"native"`` or ``"eager"`` (`torch_ntm.engines.choose`)."""
+        `forward` takes it): ``"native"``, ``"graphs"`` or ``"eager"``
+        (`torch_ntm.engines.choose`)."""
         return engines.choose(self, x, native.MANNCall)
 
     def extra_repr(self) -> str:
@@ -356,8 +358,11 @@ class MANN(_MANNBase):
             state = self.initial_state(x.shape[1], x.device, x.dtype)
         else:
             self._check_state(state, x.shape[1], x)
-        if self.runs_on(x) == "native":
+        engine = self.runs_on(x)
+        if engine == "native":
             y, state = native.forward(self, x, state)
+        elif engine == "graphs":
+            y, state = graphs.forward(self, x, state, self._step)
         else:
             outputs = []
             for x_t in x:

@@ -40,6 +40,7 @@ from torch_ntm.checks import (
     read_only_options,
 )
 from torch_ntm.controllers import CONTROLLERS, LSTMController
+from torch_ntm.engines import graphs
 from torch_ntm.engines import ntm as native
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
 
@@ -391,7 +392,8 @@ class NTM(_NTMBase):
 
     def runs_on(self, x: Tensor) -> str:
         """The engine that `forward` runs on input ``x`` (time-major or batch first, as
-        `forward` takes it): ``"native"`` or ``"eager"`` (`torch_ntm.engines.choose`)."""
+        `forward` takes it): ``"native"``, ``"graphs"`` or ``"eager"``
+        (`torch_ntm.engines.choose`)."""
         return engines.choose(self, x, native.NTMCall)
 
     def extra_repr(self) -> str:
@@ -495,8 +497,12 @@ class NTM(_NTMBase):
         if torch.compiler.is_exporting():
             return self._forward_scan(x, state)
         x, state = self._prepare(x, state)  # time-major, checked
-        if self.runs_on(x) == "native":
+        engine = self.runs_on(x)
+        if engine == "native":
             y, state = native.forward(self, x, state)
+            return self._finish(y), state
+        if engine == "graphs":
+            y, state = graphs.forward(self, x, state, self._step)
             return self._finish(y), state
         outputs = []
         for x_t in x:

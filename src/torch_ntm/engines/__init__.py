@@ -10,8 +10,10 @@ argument:
 - ``"native"``: the whole sequence, forward and backward, as one C++ call each (`ntm`, `mann`
   here; kernels in ``csrc/``, built on first use by `library`), on the CPU, in float32 and
   float64.
-- ``"auto"`` (the default): the fastest engine that can serve the call: native where it can,
-  else eager.
+- ``"graphs"``: on a CUDA GPU, the eager step unrolled over the sequence and captured as CUDA
+  graphs, forward and backward, one pair per bucket of sequence lengths (`graphs`), replayed.
+- ``"auto"`` (the default): the fastest engine that can serve the call: native on the CPU,
+  graphs on a CUDA GPU, else eager.
 
 A model hands an engine its input, time-major and checked, and its state; the engine reads what
 it needs of the model through public attributes (``model.options``, ``model.head_layout``, the
@@ -31,9 +33,9 @@ from torch import Tensor
 from torch_ntm.engines import library
 
 __all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
-           "first_order_only", "lstm_gate_order", "prepare"]
+           "first_order_only", "lstm_gate_order", "prepare", "say_once"]
 
-ENGINES = ("auto", "native", "eager")
+ENGINES = ("auto", "native", "graphs", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
 # hold them: each now means "auto".
 LEGACY_ENGINES = ("fast", "compiled")
@@ -42,7 +44,8 @@ _log = logging.getLogger(__name__)
 _SAID: set = set()
 
 
-def _say_once(message: str) -> None:
+def say_once(message: str) -> None:
+    """Logs ``message`` (a warning of logger ``torch_ntm.engines``) the first time only."""
     if message not in _SAID:
         _SAID.add(message)
         _log.warning(message)
@@ -75,18 +78,25 @@ def _why_not_native(x: Tensor, kernels) -> str | None:
 
 
 def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
-    """The engine that runs ``model``'s call on input ``x``: ``"native"`` or ``"eager"``.
+    """The engine that runs ``model``'s call on input ``x``: ``"native"``, ``"graphs"`` or
+    ``"eager"``.
 
     ``kernels``: the `library.Description` of the native kernels that would serve the model
     (``NTMCall``, ``MANNCall``). ``model.engine`` ``"eager"`` is eager; ``"native"`` and
-    ``"auto"`` are native where it can serve the call, else eager, with the reason logged once
-    per reason and model class."""
+    ``"graphs"`` are that engine where it can serve the call; ``"auto"`` is graphs for a CUDA
+    input, else native, where it can. A call the engine cannot serve runs eager, with the reason
+    logged once per reason and model class."""
+    from torch_ntm.engines import graphs
+
     if model.engine == "eager":
         return "eager"
-    why = _why_not_native(x, kernels)
+    wanted = model.engine
+    if wanted == "auto":
+        wanted = "graphs" if x.device.type == "cuda" else "native"
+    why = graphs.why_not(model, x) if wanted == "graphs" else _why_not_native(x, kernels)
     if why is None:
-        return "native"
-    _say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
+        return wanted
+    say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
               f"engine: {why}")
     return "eager"
 
@@ -109,7 +119,7 @@ def check_engine(value: str) -> str:
         ValueError: naming the valid choices.
     """
     if value in LEGACY_ENGINES:
-        _say_once(f"engine {value!r} no longer exists; it runs as 'auto' (the fastest engine "
+        say_once(f"engine {value!r} no longer exists; it runs as 'auto' (the fastest engine "
                   f"for the call)")
         return "auto"
     if value not in ENGINES:
@@ -127,13 +137,15 @@ def first_order_only(backward):
     engine's C++ call): it runs without a graph. Where autograd asks for one
     (``create_graph=True``: a second derivative may follow), the gradients are computed instead by
     autograd through ``ctx.recompute(*ctx.inputs)``, the same function as the forward in plain
-    ops, which the forward leaves on ``ctx`` (said once)."""
+    ops, which the forward leaves on ``ctx`` (said once, naming ``ctx.engine``: "native" unless
+    the forward says otherwise)."""
 
     @functools.wraps(backward)
     def wrapper(ctx, *grads):
         if torch.is_grad_enabled():
-            _say_once("a second derivative through the native engine: its backward is "
-                      "computed again through the eager step (create_graph=True)")
+            engine = getattr(ctx, "engine", "native")
+            say_once(f"a second derivative through the {engine} engine: its backward is "
+                     f"computed again through the eager step (create_graph=True)")
             return _recomputed(ctx, grads)
         return backward(ctx, *grads)
 
