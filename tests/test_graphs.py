@@ -226,3 +226,21 @@ def test_graphs_engine_serves_cuda_inputs_only_and_says_why_not(caplog):
     assert graphs.why_not(model, x.to("meta")) == "the graphs engine runs on a CUDA GPU, not meta"
     model.engine = "auto"  # on the CPU, auto is never graphs
     assert model.runs_on(x) in ("native", "eager")
+
+
+cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not available")
+
+
+@cuda
+@pytest.mark.parametrize("which", [0, 2], ids=["ntm", "mann"])
+def test_cuda_graphs_match_eager_and_capture_once_per_bucket(which):
+    # The real capture (scripts/gpu_check.sh runs this on a GPU): float64, two lengths of one
+    # bucket and one of another, gradients included; then the same shapes replay, no capture.
+    model = _models()[which].to("cuda")
+    model.engine = "graphs"
+    for T in (6, 7, 9, 6):
+        x = torch.randn(T, 3, 5, dtype=torch.float64, device="cuda")
+        assert model.runs_on(x) == "graphs"
+        _assert_same(_grads(model, x, _eager(model)),
+                     _grads(model, x, lambda x, s: model(x, s)))
+    assert len(graphs._GRAPHS[model]) == 2
