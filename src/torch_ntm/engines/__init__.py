@@ -78,10 +78,16 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
     """The engine that runs ``model``'s call on input ``x``: ``"native"`` or ``"eager"``.
 
     ``kernels``: the `library.Description` of the native kernels that would serve the model
-    (``NTMCall``, ``MANNCall``). ``model.engine`` ``"eager"`` is eager; ``"native"`` and
-    ``"auto"`` are native where it can serve the call, else eager, with the reason logged once
-    per reason and model class."""
+    (``NTMCall``, ``MANNCall``), or None for a model that has none yet (`torch_ntm.DNC`).
+    ``model.engine`` ``"eager"`` is eager; ``"native"`` and ``"auto"`` are native where it can
+    serve the call, else eager, with the reason logged once per reason and model class (for a
+    model without kernels, ``"auto"`` is eager without a word: there is nothing faster)."""
     if model.engine == "eager":
+        return "eager"
+    if kernels is None:
+        if model.engine == "native":
+            _say_once(f"{type(model).__name__} has no native engine yet: engine 'native' runs on "
+                      f"the eager engine")
         return "eager"
     why = _why_not_native(x, kernels)
     if why is None:
