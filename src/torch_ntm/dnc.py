@@ -114,7 +114,8 @@ class _DNCBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
                  controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
                  memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
-                 sparse_link: int | None = None, device=None, dtype=None) -> None:
+                 sparse_link: int | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.input_size = positive_int("input_size", input_size)
@@ -290,7 +291,8 @@ class DNC(_DNCBase):
                  controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
                  memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
                  sparse_link: int | None = None, batch_first: bool = False,
-                 engine: str = "auto", device=None, dtype=None) -> None:
+                 engine: str = "auto", device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__(input_size, output_size, controller=controller,
                          controller_size=controller_size, controller_layers=controller_layers,
                          memory_size=memory_size, memory_width=memory_width,

@@ -7,7 +7,7 @@ at dim 1, as `nn.LSTM`'s ``(h, c)``) and whose other fields are tensors with the
 
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 from torch import Tensor
@@ -28,8 +28,9 @@ def where_batch(mask: Tensor, new, old):
     return type(new)(controller, *(pick(a, b, 0) for a, b in zip(new[1:], old[1:])))
 
 
-def forward_packed(x: PackedSequence, state, run: Callable, *, batch_first: bool,
-                   input_size: int, name: str):
+def forward_packed(x: PackedSequence, state: NamedTuple | None, run: Callable, *,
+                   batch_first: bool, input_size: int, name: str
+                   ) -> tuple[PackedSequence, NamedTuple]:
     """Runs ``run(padded, state) -> (outputs, state)`` on the padded batch of ``x`` in pieces that
     end where some sequence ends, and keeps each sequence's state from the piece that ended it.
 
