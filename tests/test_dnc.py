@@ -460,3 +460,16 @@ def test_it_learns_a_short_copy_task_within_seconds():
     after = held_loss()
     assert before > 6.5
     assert after < 0.8 * before, (before, after)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")
+def test_cuda_matches_cpu():
+    cpu = make(write_heads=2, sparse_link=3)
+    gpu = make(write_heads=2, sparse_link=3).cuda()
+    x = inputs(steps=8)
+    y, state = cpu(x)
+    y_g, state_g = gpu(x.cuda())
+    torch.testing.assert_close(y_g.cpu(), y)
+    assert_states_close(state_g.map(torch.Tensor.cpu), state)
+    (y_g.sum()).backward()
+    assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())

@@ -1,7 +1,7 @@
 """How the models compute a sequence: the engines, behind one interface.
 
-Every model (`torch_ntm.NTM`, `torch_ntm.MANN`) has the same engines, chosen by its ``engine``
-argument:
+Every model (`torch_ntm.NTM`, `torch_ntm.MANN`, `torch_ntm.DNC`) has the same engines, chosen by
+its ``engine`` argument (the DNC has no native kernels yet: every call runs its eager loop):
 
 - ``"eager"``: the model's own loop over its step (``model._step``), with autograd recording every
   op: the specification the other engines are tested against, and the engine for everything the
