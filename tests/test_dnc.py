@@ -473,3 +473,46 @@ def test_cuda_matches_cpu():
     assert_states_close(state_g.map(torch.Tensor.cpu), state)
     (y_g.sum()).backward()
     assert all(torch.isfinite(p.grad).all() for p in gpu.parameters())
+
+
+def test_per_sample_gradients_by_vmap():
+    """vmap(grad(...)) over the batch (the free list's sort and scatter included) equals each
+    sequence's own backward."""
+    from torch.func import functional_call, grad, vmap
+
+    dnc = make(write_heads=2)
+    x = inputs(steps=5)
+    params = {k: p.detach() for k, p in dnc.named_parameters()}
+
+    def loss(p, sequence):  # [T, IN]: a batch of one
+        return functional_call(dnc, p, (sequence[:, None],))[0].square().sum()
+
+    per_sample = vmap(grad(loss), in_dims=(None, 1))(params, x)
+    for b in range(B):
+        dnc.zero_grad()
+        dnc(x[:, b : b + 1])[0].square().sum().backward()
+        for name, p in dnc.named_parameters():
+            torch.testing.assert_close(per_sample[name][b], p.grad, rtol=1e-10, atol=1e-12,
+                                       msg=f"{name}, sequence {b}")
+
+
+def test_forward_mode_ad_agrees_with_finite_differences():
+    import torch.autograd.forward_ad as fwad
+    from torch.func import functional_call
+
+    dnc = make(write_heads=2)
+    x, vx = inputs(), torch.randn(6, B, IN, dtype=torch.float64)
+    weight = dnc.head_params.weight.detach()
+    vw = torch.randn_like(weight)
+
+    def output(x, weight):
+        return functional_call(dnc, {"head_params.weight": weight}, (x,))[0]
+
+    with fwad.dual_level():
+        tangent = fwad.unpack_dual(output(fwad.make_dual(x, vx),
+                                          fwad.make_dual(weight, vw))).tangent
+    eps = 1e-6
+    with torch.no_grad():
+        central = (output(x + eps * vx, weight + eps * vw)
+                   - output(x - eps * vx, weight - eps * vw)) / (2 * eps)
+    torch.testing.assert_close(tangent, central, rtol=1e-6, atol=1e-8)
