@@ -462,11 +462,87 @@ def test_one_hot_writes_give_the_same_sparse_and_dense_links():
     """With one-hot writes the link matrix is 0/1, so the K = 1 approximation is exact."""
     dense, p = _one_hot_writes([2, 0, 3, 1])
     sparse, q = torch.zeros_like(dense), torch.zeros(1, 1, 4, dtype=torch.float64)
+    stored = D.empty_sparse_link(1, 1, 4, 1, dtype=torch.float64)
     for row in [2, 0, 3, 1]:
         w = torch.zeros(1, 1, 4, dtype=torch.float64)
         w[0, 0, row] = 1.0
+        stored = D.sparse_link_update(stored, w, q, 1)
         sparse, q = D.sparse_link(sparse, w, q, 1), D.precedence(q, w)
     close(sparse, dense)
+    close(D.sparse_link_dense(stored, 4), dense)
+    assert dense.sum() == 3  # three links: 0 after 2, 3 after 0, 1 after 3
+
+
+def _dense_and_stored_links(k, steps, g, n=N, sharp=False):
+    """The link matrices of `sparse_link` (dense) and `sparse_link_update` (stored) after the
+    same random writes, step by step."""
+    dense = torch.zeros(B, HW, n, n, dtype=torch.float64)
+    stored = D.empty_sparse_link(B, HW, n, k, dtype=torch.float64)
+    p = torch.zeros(B, HW, n, dtype=torch.float64)
+    for _ in range(steps):
+        w = weighting(g, B, HW, n, total=1.0 if sharp else None)
+        if sharp:  # near one-hot writes, so links above 1/K survive the threshold
+            w = torch.softmax(30 * w, -1) * unit(g, B, HW, 1).clamp_min(0.5)
+        dense, stored = D.sparse_link(dense, w, p, k), D.sparse_link_update(stored, w, p, k)
+        p = D.precedence(p, w)
+        yield dense, stored
+
+
+@pytest.mark.parametrize("k", [1, 2, 3, N])
+@pytest.mark.parametrize("sharp", [False, True], ids=["soft", "sharp"])
+def test_stored_sparse_link_equals_the_dense_sparse_link(k, sharp):
+    g = gen(20)
+    nonzero = 0
+    for dense, stored in _dense_and_stored_links(k, 8, g, sharp=sharp):
+        assert stored.values.shape == (B, HW, N, min(k, N))
+        torch.testing.assert_close(D.sparse_link_dense(stored, N), dense, **F64)
+        w_read = weighting(g, B, R, N)
+        for got, want in zip(D.sparse_directional_weights(stored, w_read),
+                             D.directional_weights(dense, w_read)):
+            torch.testing.assert_close(got, want, **F64)
+        nonzero += int((dense > 0).sum())
+    # the comparison was not between two zero matrices (with K = 1 only links of exactly 1
+    # survive the threshold: one-hot writes, tested below)
+    assert nonzero > 0 or k == 1
+
+
+def test_stored_sparse_link_with_k_equal_to_n_is_the_exact_link():
+    g = gen(21)
+    exact = torch.zeros(B, HW, N, N, dtype=torch.float64)
+    stored = D.empty_sparse_link(B, HW, N, N, dtype=torch.float64)
+    p = torch.zeros(B, HW, N, dtype=torch.float64)
+    for _ in range(6):
+        w = weighting(g, B, HW, N)
+        exact, stored = D.link(exact, w, p), D.sparse_link_update(stored, w, p, N)
+        p = D.precedence(p, w)
+    torch.testing.assert_close(D.sparse_link_dense(stored, N), exact, **F64)
+
+
+def test_stored_sparse_link_refuses_a_store_of_another_k():
+    g = gen(22)
+    stored = D.empty_sparse_link(1, 1, N, 2)
+    w = weighting(g, 1, 1, N, dtype=torch.float32)
+    with pytest.raises(ValueError, match="k=3 and N=7 has 3 slots per row, got 2"):
+        D.sparse_link_update(stored, w, w, 3)
+    with pytest.raises(ValueError, match="k >= 1"):
+        D.sparse_link_update(stored, w, w, 0)
+
+
+def test_gradcheck_stored_sparse_link():
+    g = gen(23)
+    for k in (2, 5):
+        *_, (_, stored) = _dense_and_stored_links(k, 4, g, n=5)
+        values = stored.values.detach()
+        w, p, w_read = weighting(g, B, HW, 5), weighting(g, B, HW, 5), weighting(g, B, R, 5)
+
+        def update(values, w, p, k=k, columns=stored.columns):
+            return D.sparse_link_update(D.SparseLink(values, columns), w, p, k).values
+
+        def directional(values, w_read, columns=stored.columns):
+            return D.sparse_directional_weights(D.SparseLink(values, columns), w_read)
+
+        assert torch.autograd.gradcheck(update, _req(values, w, p))
+        assert torch.autograd.gradcheck(directional, _req(values, w_read))
 
 
 # --------------------------------------------------------------------------------------------

@@ -29,7 +29,9 @@ One step of the memory access (`torch_ntm.dnc.DNC` runs it; M_{t-1} is the memor
 Content lookup ``C(M, k, beta)`` (cosine similarity times the key strength, softmax over rows) is
 `torch_ntm.functional.content_weights`, shared with the NTM; erase-and-write and reading are its
 `torch_ntm.functional.write` and `torch_ntm.functional.read` (re-exported here under the same
-names). `sparse_link` is the paper's sparse approximation of `link` ("Sparse link matrix").
+names). `sparse_link` is the paper's sparse approximation of `link` ("Sparse link matrix") on
+dense matrices; `sparse_link_update` and `sparse_directional_weights` compute the same on
+matrices stored K entries per row (`SparseLink`), in the paper's O(N K) memory.
 
 A weighting here is in the paper's Delta_N: non-negative, summing to at most one; the functions keep
 that invariant when their inputs have it, and stay finite, with finite gradients, at the edges
@@ -37,6 +39,8 @@ that invariant when their inputs have it, and stay finite, with finite gradients
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -54,6 +58,11 @@ __all__ = [
     "precedence",
     "link",
     "sparse_link",
+    "SparseLink",
+    "empty_sparse_link",
+    "sparse_link_update",
+    "sparse_link_dense",
+    "sparse_directional_weights",
     "directional_weights",
     "read_mode_width",
     "read_weights",
@@ -194,12 +203,17 @@ def link(link_prev: Tensor, w_write: Tensor, p_prev: Tensor) -> Tensor:
     return new * off_diagonal
 
 
+def _largest(w: Tensor, k: int) -> Tensor:
+    """The indices ``[..., min(k, N)]`` of the k largest entries of ``w`` ``[..., N]``, largest
+    first (ties: the lower row)."""
+    return torch.argsort(w.detach(), dim=-1, descending=True, stable=True)[..., :k]
+
+
 def _keep_largest(w: Tensor, k: int) -> Tensor:
     """``w`` ``[..., N]`` with all but its k largest entries (ties: the lower row) set to 0."""
     if k >= w.shape[-1]:
         return w
-    top = torch.argsort(w.detach(), dim=-1, descending=True, stable=True)[..., :k]
-    return w * torch.zeros_like(w).scatter(-1, top, 1.0)
+    return w * torch.zeros_like(w).scatter(-1, _largest(w, k), 1.0)
 
 
 def sparse_link(link_prev: Tensor, w_write: Tensor, p_prev: Tensor, k: int) -> Tensor:
@@ -216,8 +230,8 @@ def sparse_link(link_prev: Tensor, w_write: Tensor, p_prev: Tensor, k: int) -> T
       * The threshold of 1/K applies only for K < N, so that ``k >= N`` is exactly `link` (with
         nothing dropped there is nothing to bound).
 
-    The matrices are stored dense here, ``[B, Hw, N, N]``: this is the sparse update's function,
-    not yet its O(N K) memory and time.
+    The matrices are stored dense here, ``[B, Hw, N, N]``: this is the sparse update's function;
+    `sparse_link_update` computes the same with O(N K) memory and time.
 
     Args:
         link_prev: ``[B, Hw, N, N]`` L_{t-1}.
@@ -235,6 +249,109 @@ def sparse_link(link_prev: Tensor, w_write: Tensor, p_prev: Tensor, k: int) -> T
     if k >= n:
         return new
     return new * (new.detach() >= 1.0 / k)
+
+
+class SparseLink(NamedTuple):
+    """Link matrices with at most S non-zero entries per row, stored row by row: row i of write
+    head h holds ``values[b, h, i, s]`` at column ``columns[b, h, i, s]`` for each slot s (a slot
+    of value 0 is empty). O(N S) memory where the dense matrix takes O(N^2)."""
+
+    values: Tensor  # (B, Hw, N, S)
+    columns: Tensor  # (B, Hw, N, S), int64
+
+
+def empty_sparse_link(batch: int, heads: int, n: int, k: int, dtype: torch.dtype | None = None,
+                      device: torch.device | str | None = None) -> SparseLink:
+    """L_0 = 0 as a `SparseLink` of ``S = min(k, N)`` slots per row.
+
+    Args:
+        batch: B.
+        heads: Hw.
+        n: N.
+        k: K >= 1, the paper's K.
+        dtype: of the values.
+        device: of the values and columns.
+
+    Returns:
+        `SparseLink` of zeros, ``[B, Hw, N, S]``.
+    """
+    slots = min(k, n)
+    return SparseLink(torch.zeros(batch, heads, n, slots, dtype=dtype, device=device),
+                      torch.zeros(batch, heads, n, slots, dtype=torch.int64, device=device))
+
+
+def sparse_link_dense(link: SparseLink, n: int) -> Tensor:
+    """The ``[B, Hw, N, N]`` matrices that ``link`` stores (for tests and plots)."""
+    dense = link.values.new_zeros(*link.values.shape[:-1], n)
+    return dense.scatter_add(-1, link.columns, link.values)
+
+
+def sparse_link_update(link: SparseLink, w_write: Tensor, p_prev: Tensor, k: int) -> SparseLink:
+    """`sparse_link` on matrices stored as `SparseLink`: the same function in O(N K) memory and
+    O(N log N + N K) time per step (the paper's costs), without forming an N x N matrix.
+
+    Every stored entry decays by ``1 - w^[i] - w^[j]``; only the K rows where w^ is non-zero gain
+    new links ``w^[i] p^[j]``, so only those K rows are rebuilt (densely, K x N); then entries
+    below 1/K are dropped (for K < N), which leaves at most K per row.
+
+    Args:
+        link: `SparseLink` L^_{t-1}, ``S = min(k, N)`` slots per row (`empty_sparse_link`).
+        w_write: ``[B, Hw, N]`` write weightings w^w_t.
+        p_prev: ``[B, Hw, N]`` precedence p_{t-1}.
+        k: K >= 1.
+
+    Returns:
+        `SparseLink` L^_t, equal (as `sparse_link_dense`) to ``sparse_link`` of the dense L^_{t-1}.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"sparse_link_update keeps k >= 1 entries, got k={k!r}")
+    n, slots = w_write.shape[-1], link.values.shape[-1]
+    if slots != min(k, n):
+        raise ValueError(f"a SparseLink for k={k} and N={n} has {min(k, n)} slots per row, "
+                         f"got {slots}")
+    rows = _largest(w_write, k)  # (B, Hw, m): the rows of w^, m = min(k, N)
+    w_hat, p_hat = _keep_largest(w_write, k), _keep_largest(p_prev, k)
+    columns = link.columns
+    w_at_columns = w_hat.gather(-1, columns.flatten(-2)).view_as(link.values)  # w^[j]
+    values = (1.0 - w_hat.unsqueeze(-1) - w_at_columns) * link.values
+    # the rows that gain links, rebuilt densely: decayed entries + w^[i] p^[j], no self-link
+    at_rows = rows.unsqueeze(-1).expand(*rows.shape, slots)  # (B, Hw, m, S)
+    dense = values.new_zeros(*rows.shape, n).scatter_add(
+        -1, columns.gather(-2, at_rows), values.gather(-2, at_rows))  # (B, Hw, m, N)
+    dense = dense + w_hat.gather(-1, rows).unsqueeze(-1) * p_hat.unsqueeze(-2)
+    dense = dense * torch.ones_like(dense).scatter(-1, rows.unsqueeze(-1), 0.0)
+    if k < n:
+        dense = dense * (dense.detach() >= 1.0 / k)
+    kept = _largest(dense, slots)  # (B, Hw, m, S)
+    values = values.scatter(-2, at_rows, dense.gather(-1, kept))
+    columns = columns.scatter(-2, at_rows, kept)
+    if k < n:
+        values = values * (values.detach() >= 1.0 / k)
+    return SparseLink(values, columns)
+
+
+def sparse_directional_weights(link: SparseLink, w_read_prev: Tensor) -> tuple[Tensor, Tensor]:
+    """`directional_weights` of a `SparseLink`, in O(R Hw N S) time and memory.
+
+    Args:
+        link: `SparseLink` L^_t, ``[B, Hw, N, S]``.
+        w_read_prev: ``[B, R, N]`` read weightings w^r_{t-1}.
+
+    Returns:
+        ``(forward, backward)``, each ``[B, R, Hw, N]``, as `directional_weights` of the dense
+        matrices.
+    """
+    b, hw, n, slots = link.values.shape
+    r = w_read_prev.shape[1]
+    flat = link.columns.flatten(-2).unsqueeze(1).expand(b, r, hw, n * slots)
+    w = w_read_prev.unsqueeze(2).expand(b, r, hw, n)  # (B, R, Hw, N)
+    values = link.values.unsqueeze(1)  # (B, 1, Hw, N, S)
+    # forward[i] = sum_j L[i, j] w[j]: each stored entry times w at its column
+    forward = (values * w.gather(-1, flat).view(b, r, hw, n, slots)).sum(-1)
+    # backward[j] = sum_i L[i, j] w[i]: each stored entry times w at its row, added at its column
+    backward = w.new_zeros(b, r, hw, n).scatter_add(
+        -1, flat, (values * w.unsqueeze(-1)).flatten(-2))
+    return forward, backward
 
 
 def directional_weights(link: Tensor, w_read_prev: Tensor) -> tuple[Tensor, Tensor]:
