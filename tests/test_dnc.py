@@ -263,11 +263,10 @@ def test_bfloat16_runs_and_stays_finite():
     assert y.dtype == torch.bfloat16 and torch.isfinite(y).all()
 
 
-@pytest.mark.slow  # tracing the step under scan: about 20 s on one core
-@pytest.mark.parametrize("controller", ["lstm", "feedforward"])
-def test_exported_dnc_is_the_eager_function_at_new_lengths(controller):
+@pytest.mark.slow  # tracing the step under scan: 20-50 s on one core, so one configuration
+def test_exported_dnc_is_the_eager_function_at_new_lengths():
     torch.compiler.reset()
-    dnc = make(controller=controller, write_heads=2).eval()
+    dnc = make(write_heads=2, sparse_link=3).eval()
     program = torch.export.export(dnc, (inputs(steps=4, batch=2),),
                                   dynamic_shapes={"x": {0: Dim("T")}})
     for steps in (9, 2):
