@@ -515,3 +515,15 @@ def test_forward_mode_ad_agrees_with_finite_differences():
         central = (output(x + eps * vx, weight + eps * vw)
                    - output(x - eps * vx, weight - eps * vw)) / (2 * eps)
     torch.testing.assert_close(tangent, central, rtol=1e-6, atol=1e-8)
+
+
+def test_the_module_guides_example_runs_with_the_shapes_it_states():
+    import re
+    from pathlib import Path
+
+    guide = (Path(__file__).resolve().parent.parent / "docs" / "guide.md").read_text()
+    example = re.search(r"## DNC\n.*?```python\n(.*?)```", guide, re.S).group(1)
+    scope: dict = {"torch": torch}
+    exec(compile(example, "docs/guide.md", "exec"), scope)
+    assert tuple(scope["logits"].shape) == (41, 16, 8)
+    assert isinstance(scope["state"], DNCState)
