@@ -1,4 +1,4 @@
-"""What an NTM's tensors mean, in one place: its recurrent state and its head layer's outputs.
+"""What the models' tensors mean, in one place: their recurrent states and head layers' outputs.
 
 The model (`torch_ntm.model`) and its engines (`torch_ntm.engines`) both read these descriptions;
 neither imports the other for them.
@@ -9,7 +9,8 @@ parameters first, then the Hw write heads', each head its fields in `HEAD_FIELDS
     read head:   key (M) | beta (1) | gate (1) | shift (2R + 1) | gamma (1)
     write head:  key (M) | beta (1) | gate (1) | shift (2R + 1) | gamma (1) | erase (M) | add (M)
 
-Trained weights depend on this order, so it is a stable contract.
+Trained weights depend on this order, so it is a stable contract. The MANN's heads are
+`LRUALayout`; the DNC's interface vector is `DNCLayout` (its fields in `DNC_FIELDS` order).
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from torch_ntm import dnc_functional as dncf
 from torch_ntm import functional as ntmf
 
 __all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "LRUALayout",
-           "LRUAParameters", "soft_cap"]
+           "LRUAParameters", "soft_cap", "DNCState", "DNCField", "DNC_FIELDS", "DNCInterface",
+           "DNCAccess", "DNCLayout"]
 
 
 class NTMState(NamedTuple):
@@ -250,3 +253,162 @@ class LRUALayout:
         usage = ntmf.update_usage(usage, w_read, w_write, self.decay)
         reads = ntmf.read(memory, w_read)  # (B, H, M)
         return memory, usage, w_read, ntmf.least_used(usage, self.heads), reads
+
+
+# ------------------------------------------------------------------------------------------------
+# The Differentiable Neural Computer (Graves et al. 2016, Methods)
+# ------------------------------------------------------------------------------------------------
+
+
+class DNCState(NamedTuple):
+    """Recurrent state of a DNC, passed in and returned by `torch_ntm.DNC`'s ``forward``.
+
+    Attributes:
+        controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
+        memory: ``[B, N, W]`` memory M_t.
+        usage: ``[B, N]`` usage vector u_t.
+        link: ``[B, Hw, N, N]`` temporal link matrix L_t of each write head.
+        precedence: ``[B, Hw, N]`` precedence weighting p_t of each write head.
+        read_weights: ``[B, R, N]`` read weightings w^r_t.
+        write_weights: ``[B, Hw, N]`` write weightings w^w_t.
+        reads: ``[B, R, W]`` read vectors r_t.
+    """
+
+    controller: tuple
+    memory: Tensor
+    usage: Tensor
+    link: Tensor
+    precedence: Tensor
+    read_weights: Tensor
+    write_weights: Tensor
+    reads: Tensor
+
+    map = NTMState.map
+    detach = NTMState.detach
+    tensors = NTMState.tensors
+
+
+class DNCField(NamedTuple):
+    """One part of the DNC's interface vector xi_t."""
+
+    name: str
+    heads: str  # "read" (R of them) or "write" (Hw)
+    size: str  # "width" (W), "one" or "modes" (2 Hw + 1)
+    activation: str  # "none", "oneplus" (1 + softplus), "sigmoid" or "softmax"
+
+
+# The interface vector's parts in the paper's order (Methods, "Interface parameters"), each part
+# holding that field of every head of its kind, head after head.
+DNC_FIELDS = (
+    DNCField("read_key", "read", "width", "none"),
+    DNCField("read_strength", "read", "one", "oneplus"),
+    DNCField("write_key", "write", "width", "none"),
+    DNCField("write_strength", "write", "one", "oneplus"),
+    DNCField("erase", "write", "width", "sigmoid"),
+    DNCField("write_vector", "write", "width", "none"),
+    DNCField("free_gate", "read", "one", "sigmoid"),
+    DNCField("allocation_gate", "write", "one", "sigmoid"),
+    DNCField("write_gate", "write", "one", "sigmoid"),
+    DNCField("read_mode", "read", "modes", "softmax"),
+)
+
+
+class DNCInterface(NamedTuple):
+    """The activated interface vector xi_t of a DNC (the paper's symbols)."""
+
+    read_key: Tensor  # k^r, (B, R, W)
+    read_strength: Tensor  # beta^r, (B, R, 1), in [1, inf)
+    write_key: Tensor  # k^w, (B, Hw, W)
+    write_strength: Tensor  # beta^w, (B, Hw, 1), in [1, inf)
+    erase: Tensor  # e, (B, Hw, W), in [0, 1]
+    write_vector: Tensor  # v, (B, Hw, W)
+    free_gate: Tensor  # f, (B, R), in [0, 1]
+    allocation_gate: Tensor  # g^a, (B, Hw, 1), in [0, 1]
+    write_gate: Tensor  # g^w, (B, Hw, 1), in [0, 1]
+    read_mode: Tensor  # pi, (B, R, 2 Hw + 1), a softmax: (backward_1..Hw, content, forward_1..Hw)
+
+
+class DNCAccess(NamedTuple):
+    """What one step of a DNC's memory access computes (`DNCLayout.access_step`)."""
+
+    memory: Tensor  # M_t, (B, N, W)
+    usage: Tensor  # u_t, (B, N)
+    link: Tensor  # L_t, (B, Hw, N, N)
+    precedence: Tensor  # p_t, (B, Hw, N)
+    read_weights: Tensor  # w^r_t, (B, R, N)
+    write_weights: Tensor  # w^w_t, (B, Hw, N)
+    reads: Tensor  # r_t, (B, R, W)
+    allocation: Tensor  # a_t, (B, Hw, N)
+    interface: DNCInterface
+
+
+_ACTIVATIONS = {
+    "none": lambda x: x,
+    "oneplus": lambda x: 1.0 + F.softplus(x),
+    "sigmoid": torch.sigmoid,
+    "softmax": lambda x: torch.softmax(x, dim=-1),
+}
+
+
+@dataclass(frozen=True)
+class DNCLayout:
+    """A DNC's interface vector: where each field lies in the interface layer's output, and the
+    memory access of one step (`torch_ntm.dnc_functional`).
+
+    Args:
+        read_heads: R.
+        write_heads: Hw (the paper: 1).
+        width: W, the memory width.
+        sparse_link: None for the exact link matrix, or K for the paper's sparse approximation
+            (`torch_ntm.dnc_functional.sparse_link`).
+    """
+
+    read_heads: int
+    write_heads: int
+    width: int
+    sparse_link: int | None = None
+
+    @property
+    def fields(self) -> dict[str, tuple[int, int]]:
+        """Each field of `DNC_FIELDS`, in order, name to ``(heads, width per head)``."""
+        sizes = {"width": self.width, "one": 1,
+                 "modes": dncf.read_mode_width(self.write_heads)}
+        heads = {"read": self.read_heads, "write": self.write_heads}
+        return {f.name: (heads[f.heads], sizes[f.size]) for f in DNC_FIELDS}
+
+    @property
+    def size(self) -> int:
+        """Outputs of the interface layer: the length of xi_t."""
+        return sum(h * w for h, w in self.fields.values())
+
+    def activate(self, raw: Tensor) -> DNCInterface:
+        """The activated interface from the interface layer's output ``raw [B, size]``."""
+        fields = self.fields
+        parts = torch.split(raw, [h * w for h, w in fields.values()], dim=-1)
+        values = {f.name: _ACTIVATIONS[f.activation](part.view(raw.shape[0], *fields[f.name]))
+                  for f, part in zip(DNC_FIELDS, parts)}
+        values["free_gate"] = values["free_gate"].squeeze(-1)  # (B, R)
+        return DNCInterface(**values)
+
+    def access_step(self, raw: Tensor, memory: Tensor, usage: Tensor, link: Tensor,
+                    precedence: Tensor, read_weights: Tensor, write_weights: Tensor) -> DNCAccess:
+        """The memory access of one step from the interface layer's output ``raw [B, size]`` and
+        the previous step's memory, usage, link, precedence and weightings (`DNCState`'s shapes):
+        free, allocate, write, link, then read the memory after the write
+        (`torch_ntm.dnc_functional`, whose module docstring lists the steps)."""
+        xi = self.activate(raw)
+        usage = dncf.usage(usage, write_weights, dncf.retention(xi.free_gate, read_weights))
+        content = dncf.content_weights(memory, xi.write_key, xi.write_strength)
+        alloc = dncf.write_allocations(usage, (xi.allocation_gate * xi.write_gate)[..., 0])
+        w_write = dncf.write_weights(alloc, content, xi.allocation_gate, xi.write_gate)
+        memory = dncf.write(memory, w_write, xi.erase, xi.write_vector)
+        if self.sparse_link is None:
+            link = dncf.link(link, w_write, precedence)
+        else:
+            link = dncf.sparse_link(link, w_write, precedence, self.sparse_link)
+        precedence = dncf.precedence(precedence, w_write)
+        forward, backward = dncf.directional_weights(link, read_weights)
+        content = dncf.content_weights(memory, xi.read_key, xi.read_strength)
+        w_read = dncf.read_weights(content, forward, backward, xi.read_mode)
+        return DNCAccess(memory, usage, link, precedence, w_read, w_write,
+                         dncf.read(memory, w_read), alloc, xi)

@@ -1,7 +1,7 @@
 """How the models compute a sequence: the engines, behind one interface.
 
-Every model (`torch_ntm.NTM`, `torch_ntm.MANN`) has the same engines, chosen by its ``engine``
-argument:
+Every model (`torch_ntm.NTM`, `torch_ntm.MANN`, `torch_ntm.DNC`) has the same engines, chosen by
+its ``engine`` argument (the DNC has no native kernels yet: every call runs its eager loop):
 
 - ``"eager"``: the model's own loop over its step (``model._step``), with autograd recording every
   op: the specification the other engines are tested against, and the engine for everything the
@@ -82,10 +82,12 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
     ``"eager"``.
 
     ``kernels``: the `library.Description` of the native kernels that would serve the model
-    (``NTMCall``, ``MANNCall``). ``model.engine`` ``"eager"`` is eager; ``"native"`` and
-    ``"graphs"`` are that engine where it can serve the call; ``"auto"`` is graphs for a CUDA
-    input, else native, where it can. A call the engine cannot serve runs eager, with the reason
-    logged once per reason and model class."""
+    (``NTMCall``, ``MANNCall``), or None for a model that has none yet (`torch_ntm.DNC`).
+    ``model.engine`` ``"eager"`` is eager; ``"native"`` and ``"graphs"`` are that engine where
+    it can serve the call; ``"auto"`` is graphs for a CUDA input, else native, where it can (for
+    a model without native kernels, eager on the CPU without a word: there is nothing faster). A
+    call the engine cannot serve runs eager, with the reason logged once per reason and model
+    class."""
     from torch_ntm.engines import graphs
 
     if model.engine == "eager":
@@ -93,6 +95,11 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
     wanted = model.engine
     if wanted == "auto":
         wanted = "graphs" if x.device.type == "cuda" else "native"
+    if wanted == "native" and kernels is None:
+        if model.engine == "native":
+            say_once(f"{type(model).__name__} has no native engine yet: engine 'native' runs on "
+                     f"the eager engine")
+        return "eager"
     why = graphs.why_not(model, x) if wanted == "graphs" else _why_not_native(x, kernels)
     if why is None:
         return wanted

@@ -1,0 +1,435 @@
+"""The Differentiable Neural Computer as PyTorch modules: `DNCCell` (one step) and `DNC`.
+
+Graves, Wayne, Reynolds et al. (2016), "Hybrid computing using a neural network with dynamic
+external memory", Nature 538, Methods. One time step (R read heads, Hw write heads):
+
+    h_t, ctrl_t = controller([x_t, r_{t-1}], ctrl_{t-1})
+    xi_t        = one linear layer of h_t: the interface vector, split and activated
+                  (`torch_ntm.layout.DNCLayout`, fields in `torch_ntm.layout.DNC_FIELDS` order)
+    free, allocate, write, link, read    (`torch_ntm.dnc_functional`; reads see M_t)
+    y_t         = linear([h_t, r_t])      (logits: the paper's W_y h_t + W_r [r_t^1..r_t^R])
+
+All state is explicit (`DNCState`, in `torch_ntm.layout`); modules hold parameters only. No
+parameter's shape depends on the number of memory rows N, so a trained model can be rebuilt with
+a larger memory.
+
+How it differs from the paper, on purpose:
+
+- The controller is `torch_ntm.controllers`' (an LSTM stack with a learned initial state and
+  forget-gate bias 1, or feed-forward layers). With one layer (the default) it is the paper's
+  controller; with more, the paper also feeds the input to every layer and the interface and
+  output every layer's h, which this stack does not (only the top layer's h is used).
+- The initial read vectors are learned (zero at initialisation, the paper's r_0 = 0); memory,
+  usage, link, precedence and weightings start at zero, as in the paper.
+- Several write heads are allowed, as in DeepMind's reference implementation
+  (`torch_ntm.dnc_functional` says how).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import NamedTuple
+
+import torch
+from torch import Tensor, nn
+from torch.nn.utils.rnn import PackedSequence
+
+from torch_ntm import engines
+from torch_ntm.checks import (
+    cell_step,
+    check_input_dtype,
+    check_state_tensors,
+    choice,
+    describe_shapes,
+    one_dtype,
+    positive_int,
+    read_only_options,
+)
+from torch_ntm.controllers import CONTROLLERS
+from torch_ntm.engines import graphs
+from torch_ntm.layout import DNCLayout, DNCState
+from torch_ntm.packed import forward_packed
+
+__all__ = ["DNC", "DNCCell", "DNCOptions", "DNCState", "DNCTrace", "ENGINES"]
+
+# How `DNC.forward` computes a sequence. The DNC has no native engine yet: "auto" and "native"
+# run the eager loop (`torch_ntm.engines.choose`).
+ENGINES = engines.ENGINES
+
+
+class DNCTrace(NamedTuple):
+    """What `DNC.trace` records at each step, stacked over time (T first)."""
+
+    read_weights: Tensor  # (T, B, R, N)
+    write_weights: Tensor  # (T, B, Hw, N)
+    usage: Tensor  # (T, B, N), before this step's write (the usage allocation saw)
+    allocation: Tensor  # (T, B, Hw, N) allocation weightings
+    link: Tensor  # (T, B, Hw, N, N) after the step's write
+    precedence: Tensor  # (T, B, Hw, N)
+    memory: Tensor  # (T, B, N, W), after the step's write
+    read_modes: Tensor  # (T, B, R, 2 Hw + 1): (backward_1..Hw, content, forward_1..Hw)
+    free_gates: Tensor  # (T, B, R)
+    allocation_gates: Tensor  # (T, B, Hw)
+    write_gates: Tensor  # (T, B, Hw)
+
+
+@dataclass
+class DNCOptions:
+    """The architecture of a DNC: the keyword arguments of `DNC` and `DNCCell` but
+    ``batch_first``, ``engine``, ``device`` and ``dtype`` (what each means is documented in
+    `DNC`). The defaults are those of DeepMind's reference training script (a 64-unit LSTM,
+    16 x 16 memory, 4 read heads, 1 write head)."""
+
+    controller: str = "lstm"
+    controller_size: int = 64
+    controller_layers: int = 1
+    memory_size: int = 16
+    memory_width: int = 16
+    read_heads: int = 4
+    write_heads: int = 1
+    sparse_link: int | None = None
+
+    def checked(self) -> DNCOptions:
+        """These options, unchanged if valid.
+
+        Raises:
+            ValueError: naming the first invalid option and what it must be.
+        """
+        choice("controller", self.controller, CONTROLLERS)
+        for name in ("controller_size", "controller_layers", "memory_size", "memory_width",
+                     "read_heads", "write_heads"):
+            positive_int(name, getattr(self, name))
+        if self.sparse_link is not None:
+            positive_int("sparse_link (K, or None for the exact link matrix)", self.sparse_link)
+        return self
+
+
+@read_only_options(DNCOptions, renamed={"controller": "controller_type"})
+class _DNCBase(nn.Module):
+    """Parameters, initial state and the one-step update shared by `DNCCell` and `DNC`.
+
+    Both subclasses build exactly these submodules, so their `state_dict`s are interchangeable.
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
+                 controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
+                 memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
+                 sparse_link: int | None = None, device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        factory = {"device": device, "dtype": dtype}
+        self.input_size = positive_int("input_size", input_size)
+        self.output_size = positive_int("output_size", output_size)
+        self.options = DNCOptions(controller, controller_size, controller_layers, memory_size,
+                                  memory_width, read_heads, write_heads, sparse_link).checked()
+        r, w = read_heads, memory_width
+        # the interface vector's fields and the memory access (torch_ntm.layout)
+        self.head_layout = DNCLayout(r, write_heads, w, sparse_link)
+        self.controller = CONTROLLERS[controller](input_size + r * w, controller_size,
+                                                  controller_layers, **factory)
+        self.head_params = nn.Linear(controller_size, self.head_layout.size, **factory)
+        self.output = nn.Linear(controller_size + r * w, output_size, **factory)
+        self.reads0 = nn.Parameter(torch.empty(r, w, **factory))  # learned r_0
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        """Re-initialise every parameter (called last in ``__init__``)."""
+        self.controller.reset_parameters()
+        self.head_params.reset_parameters()
+        self.output.reset_parameters()
+        nn.init.zeros_(self.reads0)  # the paper's r_0 = 0
+
+    def extra_repr(self) -> str:
+        options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
+        return f"{self.input_size}, {self.output_size}, {options}"
+
+    def config(self) -> dict:
+        """The constructor arguments (sizes and options) that rebuild this module's shape."""
+        return {"input_size": self.input_size, "output_size": self.output_size,
+                **dataclasses.asdict(self.options)}
+
+    def initial_state(self, batch_size: int, device=None, dtype=None) -> DNCState:
+        """The initial state for a batch: an empty memory, nothing read or written yet.
+
+        Memory, usage, link matrices, precedence and weightings are zero (the paper's u_0 = 0,
+        p_0 = 0, L_0 = 0); the read vectors (``reads0``) and the LSTM's ``(h, c)`` are learned.
+
+        Args:
+            batch_size: B.
+            device: defaults to the module parameters' device.
+            dtype: defaults to the module parameters' dtype.
+
+        Returns:
+            `DNCState` (shapes as documented there).
+        """
+        positive_int("batch_size", batch_size)
+        device = self.reads0.device if device is None else device
+        dtype = self.reads0.dtype if dtype is None else dtype
+        b, n, w = batch_size, self.memory_size, self.memory_width
+        r, hw = self.read_heads, self.write_heads
+
+        def zeros(*shape: int) -> Tensor:
+            return torch.zeros(*shape, device=device, dtype=dtype)
+
+        return DNCState(
+            controller=tuple(t.to(device, dtype) for t in self.controller.initial_state(b)),
+            memory=zeros(b, n, w),
+            usage=zeros(b, n),
+            link=zeros(b, hw, n, n),
+            precedence=zeros(b, hw, n),
+            read_weights=zeros(b, r, n),
+            write_weights=zeros(b, hw, n),
+            reads=self.reads0.to(device, dtype).expand(b, -1, -1),
+        )
+
+    def _check_dtype(self, x: Tensor) -> None:
+        check_input_dtype(self, x, self.reads0.dtype)
+
+    def _check_state(self, state: DNCState, batch_size: int, ref: Tensor) -> None:
+        if not isinstance(state, DNCState):
+            raise TypeError(f"state must be a DNCState, got {type(state).__name__}")
+        b, n, w = batch_size, self.memory_size, self.memory_width
+        r, hw = self.read_heads, self.write_heads
+        expected = {"memory": (b, n, w), "usage": (b, n), "link": (b, hw, n, n),
+                    "precedence": (b, hw, n), "read_weights": (b, r, n),
+                    "write_weights": (b, hw, n), "reads": (b, r, w)}
+        for name, shape in expected.items():
+            got = getattr(state, name)
+            actual = tuple(got.shape) if isinstance(got, Tensor) else None
+            if actual != shape:
+                raise ValueError(
+                    f"state.{name} is {describe_shapes(got)}, expected shape {list(shape)} "
+                    f"(batch {b}, memory {n}x{w}, {r} read and {hw} write heads); was the state "
+                    f"made for another batch size or model?")
+        want = [list(t.shape) for t in self.controller.initial_state(b)]
+        got = state.controller
+        if not (isinstance(got, tuple) and len(got) == len(want) and all(
+                isinstance(t, Tensor) and list(t.shape) == s for t, s in zip(got, want))):
+            raise ValueError(f"state.controller must be {len(want)} tensor(s) of shapes {want} "
+                             f"for this {self.controller_type} controller; got "
+                             f"{describe_shapes(got)}: was the state made for another "
+                             f"controller or batch size?")
+        check_state_tensors(state, ref)
+
+    def _step(self, x: Tensor, state: DNCState, record: bool = False):
+        """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
+        plus the step's `torch_ntm.layout.DNCAccess` when ``record``."""
+        b = x.shape[0]
+        h, ctrl = self.controller(torch.cat([x, state.reads.reshape(b, -1)], -1),
+                                  state.controller)
+        access = self.head_layout.access_step(
+            self.head_params(h), state.memory, state.usage, state.link, state.precedence,
+            state.read_weights, state.write_weights)
+        logits = self.output(torch.cat([h, access.reads.reshape(b, -1)], -1))
+        new = DNCState(ctrl, *access[:7])
+        return (logits, new, access) if record else (logits, new)
+
+
+class DNCCell(_DNCBase):
+    """One step of a Differentiable Neural Computer.
+
+    Same constructor arguments as `DNC` (except ``batch_first`` and ``engine``) and the same
+    parameter names, so ``cell.load_state_dict(dnc.state_dict())`` steps a trained model.
+
+    Example:
+
+        cell = DNCCell(9, 8)
+        state = None
+        for x_t in xs:                      # x_t: (B, 9)
+            logits, state = cell(x_t, state)
+    """
+
+    def forward(self, x: Tensor, state: DNCState | None = None) -> tuple[Tensor, DNCState]:
+        """Args:
+            x: ``[B, input_size]`` input of one step.
+            state: `DNCState` of the previous step, or None for `initial_state`.
+
+        Returns:
+            ``(logits [B, output_size], state)``.
+        """
+        return cell_step(self, x, state)
+
+
+class DNC(_DNCBase):
+    """A Differentiable Neural Computer (Graves et al. 2016) over sequences, with an
+    `nn.LSTM`-like interface (as `torch_ntm.NTM`).
+
+    Args:
+        input_size: width of each input step.
+        output_size: width of each output step (logits).
+        controller: ``"lstm"`` or ``"feedforward"``.
+        controller_size: hidden units per controller layer.
+        controller_layers: number of controller layers.
+        memory_size: N, rows of memory.
+        memory_width: W, width of a memory row.
+        read_heads: R, read heads; each has a key, a strength, a free gate and a read mode.
+        write_heads: Hw, write heads (the paper: 1); each has its own key, strength, erase and
+            write vectors, allocation and write gates, precedence and link matrix.
+        sparse_link: None (default) for the exact N x N link matrix; K for the paper's sparse
+            approximation, keeping the K largest entries of the write weighting and precedence
+            (`torch_ntm.dnc_functional.sparse_link`; stored dense for now).
+        batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
+        engine: ``"auto"`` (default), ``"native"`` or ``"eager"``, as for `torch_ntm.NTM`
+            (`torch_ntm.engines`). The DNC has no native engine yet, so every call runs the
+            eager loop over its step (``"native"`` says so once); a native engine can be added
+            behind the same argument. May be changed on a built module by assigning
+            ``dnc.engine``.
+        device: of the parameters.
+        dtype: of the parameters.
+
+    The arguments from ``controller`` to ``sparse_link`` are the fields of `DNCOptions`:
+    ``dnc.options`` holds them, and each is a read-only attribute too (``dnc.memory_size``; the
+    controller's name is ``dnc.controller_type``).
+
+    Example:
+
+        dnc = DNC(9, 8)
+        logits, state = dnc(x)              # x: (T, B, 9) -> logits (T, B, 8)
+    """
+
+    def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
+                 controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
+                 memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
+                 sparse_link: int | None = None, batch_first: bool = False,
+                 engine: str = "auto", device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
+        super().__init__(input_size, output_size, controller=controller,
+                         controller_size=controller_size, controller_layers=controller_layers,
+                         memory_size=memory_size, memory_width=memory_width,
+                         read_heads=read_heads, write_heads=write_heads,
+                         sparse_link=sparse_link, device=device, dtype=dtype)
+        self.batch_first = bool(batch_first)
+        self.engine = engine
+
+    @property
+    def engine(self) -> str:
+        return self._engine
+
+    @engine.setter
+    def engine(self, value: str) -> None:
+        self._engine = engines.check_engine(value)
+
+    def runs_on(self, x: Tensor) -> str:
+        """The engine that `forward` runs on input ``x``: ``"graphs"`` for a CUDA input, else
+        ``"eager"`` (no native engine yet; `torch_ntm.engines.choose`)."""
+        return engines.choose(self, x, None)
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
+                + (f", engine={self.engine!r}" if self.engine != "auto" else ""))
+
+    def config(self) -> dict:
+        return {**super().config(), "batch_first": self.batch_first}
+
+    @property
+    def _layout(self) -> str:
+        """The input shape ``forward`` takes, for error messages."""
+        axes = "batch, time" if self.batch_first else "time, batch"
+        return f"[{axes}, {self.input_size}]"
+
+    def _prepare(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
+        """``x`` time-major and checked, and the state to start from."""
+        if isinstance(x, PackedSequence):
+            raise TypeError("DNC.trace takes a padded tensor, not a PackedSequence: unpack it "
+                            "with torch.nn.utils.rnn.pad_packed_sequence")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"DNC expects a tensor of shape {self._layout}, got "
+                            f"{type(x).__name__}")
+        if x.dim() != 3 or x.shape[2] != self.input_size:
+            hint = (f"; for one step [batch, {self.input_size}] use DNCCell"
+                    if x.dim() == 2 else "")
+            raise ValueError(f"DNC expects input of shape {self._layout}, got "
+                             f"{list(x.shape)}{hint}")
+        if self.batch_first:
+            x = x.transpose(0, 1)
+        if x.shape[0] == 0:
+            raise ValueError("DNC got an input sequence of length 0")
+        if x.shape[1] == 0:
+            raise ValueError("DNC got a batch of 0 sequences")
+        self._check_dtype(x)
+        if state is None:
+            state = self.initial_state(x.shape[1], x.device, x.dtype)
+        else:
+            self._check_state(state, x.shape[1], x)
+        return x, state
+
+    def _finish(self, y: Tensor) -> Tensor:
+        """Time-major outputs ``[T, B, output_size]`` in the module's layout."""
+        return y.transpose(0, 1) if self.batch_first else y
+
+    def forward(self, x: Tensor | PackedSequence, state: DNCState | None = None
+                ) -> tuple[Tensor | PackedSequence, DNCState]:
+        """Args:
+            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``), or a
+                `PackedSequence` of sequences of different lengths (as for `nn.LSTM`).
+            state: `DNCState` to continue from, or None for `initial_state`; for a packed input,
+                in the order of the sequences before packing.
+
+        Returns:
+            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first), or a
+            `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
+            last step.
+        """
+        if torch.jit.is_tracing():
+            raise RuntimeError(
+                "DNC does not support torch.jit.trace (a trace would also fix the sequence "
+                "length); use torch.export.export(dnc, (x,), dynamic_shapes=...), which traces "
+                "one program for every length")
+        if isinstance(x, PackedSequence):
+            return forward_packed(x, state, self._forward_padded, batch_first=self.batch_first,
+                                  input_size=self.input_size, name="DNC")
+        if not isinstance(x, Tensor):
+            raise TypeError(f"DNC expects a tensor of shape {self._layout} or a "
+                            f"PackedSequence, got {type(x).__name__}")
+        return self._forward_padded(x, state)
+
+    def _forward_padded(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
+        if torch.compiler.is_exporting():
+            return self._forward_scan(x, state)
+        x, state = self._prepare(x, state)
+        if self.runs_on(x) == "graphs":  # a CUDA input; on the CPU, eager (no native engine yet)
+            y, state = graphs.forward(self, x, state, self._step)
+            return one_dtype(self._finish(y), state, x)
+        outputs = []
+        for x_t in x:
+            y, state = self._step(x_t, state)
+            outputs.append(y)
+        return one_dtype(self._finish(torch.stack(outputs)), state, x)
+
+    def _forward_scan(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
+        """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
+        time axis of any length, where a Python loop would fix the traced length."""
+        from torch._higher_order_ops.scan import scan
+
+        x, state = self._prepare(x, state)
+        layers = len(state.controller)
+
+        def step(carry: tuple, x_t: Tensor) -> tuple[tuple, Tensor]:  # flat tensors in and out
+            y, new = self._step(x_t, DNCState(tuple(carry[:layers]), *carry[layers:]))
+            return (*new.controller, *new[1:]), y
+
+        flat = tuple(t.contiguous() for t in (*state.controller, *state[1:]))
+        final, y = scan(step, flat, x)
+        return self._finish(y), DNCState(tuple(final[:layers]), *final[layers:])
+
+    def trace(self, x: Tensor, state: DNCState | None = None
+              ) -> tuple[Tensor, DNCState, DNCTrace]:
+        """Like `forward`, and also records every step's weightings, usage, allocation, link
+        matrices, memory, read modes and gates (for plots).
+
+        Returns:
+            ``(logits, state, DNCTrace)``; the trace's tensors are time-major ``[T, B, ...]``.
+        """
+        x, state = self._prepare(x, state)
+        outputs, rows = [], []
+        for x_t in x:
+            y, state, access = self._step(x_t, state, record=True)
+            outputs.append(y)
+            xi = access.interface
+            rows.append((state.read_weights, state.write_weights, state.usage, access.allocation,
+                         state.link, state.precedence, state.memory, xi.read_mode, xi.free_gate,
+                         xi.allocation_gate[..., 0], xi.write_gate[..., 0]))
+        trace = DNCTrace(*(torch.stack(col) for col in zip(*rows)))
+        y, state = one_dtype(self._finish(torch.stack(outputs)), state, x)
+        return y, state, trace

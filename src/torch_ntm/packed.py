@@ -1,0 +1,71 @@
+"""`PackedSequence` inputs for a recurrent model that runs padded batches, as `nn.LSTM` takes them.
+
+A model state here is a NamedTuple whose first field is the controller's tuple of tensors (batch
+at dim 1, as `nn.LSTM`'s ``(h, c)``) and whose other fields are tensors with the batch first
+(`torch_ntm.layout.DNCState`).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+
+__all__ = ["forward_packed", "where_batch"]
+
+
+def where_batch(mask: Tensor, new, old):
+    """The state ``new`` for the sequences where ``mask`` ``[B]`` (bool) is set, else ``old``."""
+
+    def pick(a: Tensor, b: Tensor, dim: int) -> Tensor:
+        shape = [1] * a.dim()
+        shape[dim] = -1
+        return torch.where(mask.view(shape), a, b)
+
+    controller = tuple(pick(a, b, 1) for a, b in zip(new[0], old[0]))
+    return type(new)(controller, *(pick(a, b, 0) for a, b in zip(new[1:], old[1:])))
+
+
+def forward_packed(x: PackedSequence, state: NamedTuple | None, run: Callable, *,
+                   batch_first: bool, input_size: int, name: str
+                   ) -> tuple[PackedSequence, NamedTuple]:
+    """Runs ``run(padded, state) -> (outputs, state)`` on the padded batch of ``x`` in pieces that
+    end where some sequence ends, and keeps each sequence's state from the piece that ended it.
+
+    The batch keeps its size throughout (the steps past a sequence's end are computed and
+    dropped), so the result equals running each sequence alone.
+
+    Args:
+        x: the packed input, steps of width ``input_size``.
+        state: the state to start from (None: ``run``'s initial state), in the order of the
+            sequences before packing.
+        run: the model's forward on a padded tensor (``[T, B, I]``, or ``[B, T, I]`` if
+            ``batch_first``), returning outputs in the same layout and the final state.
+        batch_first: the layout ``run`` takes and returns.
+        input_size: I, for the error message on a packed input of another width.
+        name: the model's name, for that message.
+
+    Returns:
+        ``(outputs, state)``: the outputs packed exactly as ``x`` is (same ``batch_sizes`` and
+        order), and the state after each sequence's own last step.
+    """
+    padded, lengths = pad_packed_sequence(x)  # [T, B, I] in the order before packing
+    if padded.dim() != 3 or padded.shape[2] != input_size:
+        raise ValueError(f"{name} expects packed steps of width {input_size}, got "
+                         f"{list(x.data.shape[1:])}")
+    pieces, final, start = [], None, 0
+    for end in sorted(set(lengths.tolist())):
+        piece = padded[start:end]
+        y, state = run(piece.transpose(0, 1) if batch_first else piece, state)
+        pieces.append(y.transpose(0, 1) if batch_first else y)
+        ended = (lengths == end).to(padded.device)
+        final = state if final is None else where_batch(ended, state, final)
+        start = end
+    y = torch.cat(pieces)  # [T, B, O]
+    order = x.sorted_indices
+    if order is not None:
+        y, lengths = y.index_select(1, order), lengths[order.cpu()]
+    data = pack_padded_sequence(y, lengths, enforce_sorted=True).data
+    return PackedSequence(data, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
