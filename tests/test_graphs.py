@@ -10,7 +10,7 @@ import pytest
 import torch
 from torch.utils import _pytree as pytree
 
-from torch_ntm import MANN, NTM, engines
+from torch_ntm import DNC, MANN, NTM, engines
 from torch_ntm.engines import graphs
 
 
@@ -35,6 +35,8 @@ def _models():
             dtype=torch.float64, engine="eager"),
         MANN(5, 4, controller_size=11, memory_size=7, memory_width=5, read_heads=3,
              dtype=torch.float64, engine="eager"),
+        DNC(5, 4, controller_size=11, memory_size=7, memory_width=5, read_heads=2, write_heads=2,
+            dtype=torch.float64, engine="eager"),
     ]
 
 
@@ -78,7 +80,7 @@ def _assert_same(a, b):
             torch.testing.assert_close(gb[name], ga[name], rtol=1e-12, atol=1e-13, msg=name)
 
 
-@pytest.mark.parametrize("which", [0, 1, 2], ids=["ntm", "ntm-feedforward", "mann"])
+@pytest.mark.parametrize("which", [0, 1, 2, 3], ids=["ntm", "ntm-feedforward", "mann", "dnc"])
 def test_masked_padding_leaves_outputs_state_and_gradients_as_unpadded(which):
     # The padded steps hold garbage, not zeros: the mask alone must keep them out.
     model = _models()[which]
@@ -141,7 +143,7 @@ def _cpu_capture(captures):
     return capture
 
 
-@pytest.mark.parametrize("which", [0, 2], ids=["ntm", "mann"])
+@pytest.mark.parametrize("which", [0, 2, 3], ids=["ntm", "mann", "dnc"])
 def test_replayed_sequence_matches_eager_and_captures_once_per_bucket(which, monkeypatch):
     model = _models()[which]
     captures = []
@@ -232,7 +234,7 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not ava
 
 
 @cuda
-@pytest.mark.parametrize("which", [0, 2], ids=["ntm", "mann"])
+@pytest.mark.parametrize("which", [0, 2, 3], ids=["ntm", "mann", "dnc"])
 def test_cuda_graphs_match_eager_and_capture_once_per_bucket(which):
     # The real capture (scripts/gpu_check.sh runs this on a GPU): float64, two lengths of one
     # bucket and one of another, gradients included; then the same shapes replay, no capture.

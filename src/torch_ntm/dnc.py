@@ -53,8 +53,8 @@ from torch_ntm.packed import forward_packed
 
 __all__ = ["DNC", "DNCCell", "DNCOptions", "DNCState", "DNCTrace", "ENGINES"]
 
-# How `DNC.forward` computes a sequence. The DNC has no native engine yet: "auto" and "native"
-# run the eager loop (`torch_ntm.engines.choose`).
+# How `DNC.forward` computes a sequence. The DNC has no native engine yet: on the CPU "auto" and
+# "native" run the eager loop; on CUDA "auto" runs the graphs engine (`torch_ntm.engines.choose`).
 ENGINES = engines.ENGINES
 
 
