@@ -150,7 +150,7 @@ def test_an_absent_device_is_refused_before_a_run_directory_is_made(tmp_path, ca
     (["train", "copy", "--preset", "huge"], "ntm: error: unknown preset 'huge' for task 'copy'"),
     (["evaluate", "/nonexistent/run"], "ntm: error: /nonexistent/run: no such checkpoint"),
     (["train", "copy", "--set", "engine=turbo"],
-     "ntm: error: --set: engine='turbo' is not valid; valid choices: auto, native, eager"),
+     "ntm: error: --set: engine='turbo' is not valid; valid choices: auto, native, graphs, eager"),
     (["train", "copy", "--set", "controller=gru"],
      "ntm: error: the model cannot be built from this config: unknown controller 'gru'; valid "
      "choices: feedforward, lstm"),

@@ -527,3 +527,29 @@ def test_the_module_guides_example_runs_with_the_shapes_it_states():
     exec(compile(example, "docs/guide.md", "exec"), scope)
     assert tuple(scope["logits"].shape) == (41, 16, 8)
     assert isinstance(scope["state"], DNCState)
+
+
+@pytest.mark.slow
+def test_ntm_train_trains_a_dnc_that_evaluate_and_plot_read_back(tmp_path, capsys):
+    # `--set model=dnc` through the whole harness: training (the validation cost falls),
+    # its checkpoint evaluated and plotted from the run directory, and resumed.
+    import json
+
+    from torch_ntm.cli import main
+    from torch_ntm.runlog import read_metrics
+
+    run = tmp_path / "dnc"
+    settings = ["--set", "model=dnc", "--set", "optimizer=adam", "--set", "lr=3e-3",
+                "--set", "task.max_length=4", "--set", "eval_sizes=", "--set", "eval_every=25",
+                "--set", "eval_sequences=64", "--set", "max_sequences=1200"]
+    assert main(["train", "copy", "--out", str(run), *settings]) == 0
+    config = json.loads((run / "config.json").read_text())
+    assert config["model"] == "dnc" and config["sparse_link"] == 0
+    costs = [float(r["cost_bits"]) for r in read_metrics(run / "metrics.csv", "val")]
+    assert len(costs) == 3 and costs[0] > costs[1] > costs[2] and costs[2] < 0.9 * costs[0]
+    assert {p.name for p in (run / "figures").iterdir()} >= {"attention.png", "memory.png"}
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)
+    assert main(["train", "copy", "--resume", str(run), "--set", "max_sequences=1600"]) == 0
+    assert len(read_metrics(run / "metrics.csv", "val")) == 4

@@ -127,7 +127,7 @@ def test_presets_build_their_models(preset, kind):
     (["task.labels=words"], "unknown labels 'words'; valid labels: one_hot, string"),
     (["task.classes=100"], "held-out data .* cannot be drawn: .*classes=100 is more than the 63"),
     (["model=gru"], "model='gru' is not valid; valid choices: ntm, lstm, mann"),
-    (["engine=turbo"], "engine='turbo' is not valid; valid choices: auto, native, eager"),
+    (["engine=turbo"], "engine='turbo' is not valid; valid choices: auto, native, graphs, eager"),
     (["write_vector=value"], "unknown write_vector 'value'; valid choices: add, key"),
     (["read_heads=20", "memory_size=16"], "memory_size must be >= read_heads"),
 ])

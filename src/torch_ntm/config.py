@@ -15,6 +15,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from torch_ntm.dnc import DNCOptions
 from torch_ntm.engines import ENGINES, LEGACY_ENGINES
 from torch_ntm.mann import MANNOptions
 from torch_ntm.model import NTMOptions
@@ -27,7 +28,7 @@ __all__ = [
 
 # The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
 # (LRUA memory, Santoro et al. 2016).
-MODELS = ("ntm", "lstm", "mann")
+MODELS = ("ntm", "lstm", "mann", "dnc")
 OPTIMIZERS = ("rmsprop", "adam")  # the paper's, and Adam (`torch_ntm.train.make_optimizer`)
 
 
@@ -41,9 +42,11 @@ class TrainConfig(NTMOptions):
 
     The model fields are those of `NTMOptions` (the `NTM` constructor arguments); ``model="lstm"``
     trains the LSTM baseline of the paper instead (``controller_size`` units x
-    ``controller_layers`` layers), and ``model="mann"`` a `torch_ntm.mann.MANN` with
+    ``controller_layers`` layers), ``model="mann"`` a `torch_ntm.mann.MANN` with
     ``controller_size``, ``memory_size``, ``memory_width``, ``read_heads`` (one write head each)
-    and the MANN-only keys below (`MANNOptions`).
+    and the MANN-only keys below (`MANNOptions`), and ``model="dnc"`` a `torch_ntm.dnc.DNC` with
+    ``controller``, ``controller_size``, ``controller_layers``, ``memory_size``, ``memory_width``
+    (the DNC's W), ``read_heads``, ``write_heads`` and ``sparse_link`` (`DNCOptions`).
     """
 
     task: str = "copy"  # a name in `torch_ntm.tasks.TASKS`
@@ -53,16 +56,18 @@ class TrainConfig(NTMOptions):
     preset: str = "ntm-lstm"
     # Model: the fields of `NTMOptions`, and these. The soft caps of beta and gamma are 0 for
     # None (unbounded: the paper's softplus and 1 + softplus), as config.json has always held them.
-    model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline) or "mann"
+    model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline), "mann" or "dnc"
     max_beta: float = 0.0
     max_gamma: float = 0.0
     # The model's engine (`torch_ntm.engines`): "auto" (the fastest that can serve the call),
-    # "native" or "eager"; the same function on each. The LSTM baseline ignores it.
+    # "native", "graphs" or "eager"; the same function on each. The LSTM baseline ignores it.
     engine: str = "auto"
     # MANN only (the fields of `MANNOptions` that `NTMOptions` lacks; see `torch_ntm.mann.MANN`).
     usage_decay: float = MANNOptions.usage_decay
     write_vector: str = MANNOptions.write_vector
     learned_beta: bool = MANNOptions.learned_beta
+    # DNC only: K of the sparse temporal link matrix (the paper's approximation); 0: the exact one.
+    sparse_link: int = 0
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
     lr: float = 1e-4
@@ -178,6 +183,13 @@ class TrainConfig(NTMOptions):
         names = [f.name for f in dataclasses.fields(MANNOptions)]
         return MANNOptions(**{name: getattr(self, name) for name in names})
 
+    def dnc_options(self) -> DNCOptions:
+        """The DNC this config describes (with ``model="dnc"``; a ``sparse_link`` of 0 is None:
+        the exact link matrix)."""
+        names = [f.name for f in dataclasses.fields(DNCOptions)]
+        values = {name: getattr(self, name) for name in names}
+        return DNCOptions(**{**values, "sparse_link": self.sparse_link or None})
+
     def to_dict(self) -> dict:
         """The config as config.json holds it: flat, but for ``task_params``, the task's
         parameters that differ from their defaults."""
@@ -267,6 +279,8 @@ class TrainConfig(NTMOptions):
             self.model_options().checked()
             if self.model == "mann":
                 self.mann_options().checked()
+            if self.model == "dnc":
+                self.dnc_options().checked()
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
         try:

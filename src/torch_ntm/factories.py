@@ -1,5 +1,5 @@
-"""What a `TrainConfig` builds: its task and its model (an `NTM`, the LSTM baseline or a
-`MANN`)."""
+"""What a `TrainConfig` builds: its task and its model (an `NTM`, the LSTM baseline, a `MANN` or
+a `DNC`)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
 from torch_ntm.config import MODELS, ConfigError, TrainConfig, check_memory_size
+from torch_ntm.dnc import DNC
 from torch_ntm.mann import MANN
 from torch_ntm.model import NTM
 
@@ -36,6 +37,8 @@ def model_config(config: TrainConfig, task) -> dict:
                 "num_layers": config.controller_layers}
     if config.model == "mann":
         return {"kind": "mann", **sizes, **dataclasses.asdict(config.mann_options())}
+    if config.model == "dnc":
+        return {"kind": "dnc", **sizes, **dataclasses.asdict(config.dnc_options())}
     if config.model != "ntm":
         raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {config.model!r}")
     return {"kind": "ntm", **sizes, **dataclasses.asdict(config.model_options())}
@@ -57,6 +60,8 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
         kwargs.setdefault("engine", config.engine)
         if kind == "mann":
             return MANN(**kwargs, device=device)
+        if kind == "dnc":
+            return DNC(**kwargs, device=device)
         return NTM(**kwargs, device=device)
     except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
         if isinstance(e, ConfigError):

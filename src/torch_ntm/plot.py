@@ -258,6 +258,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
         evaluate_sizes,
         task_objective,
     )
+    from torch_ntm.dnc import DNC
     from torch_ntm.model import NTM
 
     json_path = find_checkpoint(run_or_checkpoint)
@@ -279,7 +280,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     example_task = task.held_out().with_size(size)  # as evaluation draws
     batch = example_task.sample(1, generator=torch.Generator().manual_seed(seed))
     paths = []
-    if isinstance(model, NTM):
+    if isinstance(model, (NTM, DNC)):  # their traces' weightings and memory
         logits, _, trace = model.trace(batch.inputs)
         paths.append(plot_attention(trace, out / "attention.png"))
         paths.append(plot_memory(trace, out / "memory.png"))
