@@ -203,11 +203,15 @@ def test_labels_are_drawn_afresh_per_episode():
 
 def test_splits_disjoint_including_rotations():
     chars = load_characters()
-    train, test = split_characters("train"), split_characters("test")
-    assert len(train) == 179 and len(test) == 63
-    assert sorted(train.tolist() + test.tolist()) == list(range(242))
+    train, val, test = (split_characters(s) for s in ("train", "val", "test"))
+    assert (len(train), len(val), len(test)) == (162, 17, 63)
+    assert sorted(train.tolist() + val.tolist() + test.tolist()) == list(range(242))
     assert set(chars.alphabets[i] for i in test) == set(omniglot.TEST_ALPHABETS)
     assert not set(chars.alphabets[i] for i in train) & set(omniglot.TEST_ALPHABETS)
+    # validation: every 10th character of the training alphabets, from each of them
+    training = sorted(train.tolist() + val.tolist())
+    assert val.tolist() == training[9::10]
+    assert set(chars.alphabets[i] for i in val) == set(chars.alphabets[i] for i in train)
     # no test drawing equals any train drawing in any rotation
     train_bytes = {
         chars.images[i].rot90(r, dims=(-2, -1))[d].contiguous().numpy().tobytes()
@@ -242,8 +246,8 @@ def test_train_episodes_use_rotated_train_characters_only():
 
 def test_reflections_are_classes_of_their_own_in_training_only():
     task = OmniglotTask(classes=5, jitter=False, reflections=True)
-    assert task.num_classes == 179 * 8
-    assert OmniglotTask(reflections=True, rotations=False).num_classes == 179
+    assert task.num_classes == 162 * 8
+    assert OmniglotTask(reflections=True, rotations=False).num_classes == 162
     assert task.held_out().num_classes == 63  # held out: upright, as without reflections
     images = load_characters().images
     matches = {}  # image bytes -> every (character, transform) it is: some drawings are symmetric
@@ -320,9 +324,11 @@ def test_string_labels():
 def test_bad_parameters():
     with pytest.raises(ValueError, match="63 classes"):
         OmniglotTask(classes=64, split="test")
-    OmniglotTask(classes=179, split="train", rotations=False)
-    with pytest.raises(ValueError, match="179 classes"):
-        OmniglotTask(classes=180, split="train", rotations=False)
+    OmniglotTask(classes=162, split="train", rotations=False)
+    with pytest.raises(ValueError, match="162 classes"):
+        OmniglotTask(classes=163, split="train", rotations=False)
+    with pytest.raises(ValueError, match="17 classes"):
+        OmniglotTask(classes=18, split="val")
     with pytest.raises(ValueError, match="instances"):
         OmniglotTask(instances=21)
     with pytest.raises(ValueError, match="classes"):
@@ -344,10 +350,12 @@ def test_bad_parameters():
 def test_task_interface_and_registered():
     task = OmniglotTask()
     assert task.train_size == 10 and task.with_size(15).instances == 15
-    assert task.num_classes == 179 * 4
+    assert task.num_classes == 162 * 4
     assert OmniglotTask(split="test").num_classes == 63
+    assert OmniglotTask(split="val").num_classes == 17
     assert TASKS["omniglot"] is OmniglotTask and OmniglotTask.loss == "cross_entropy"
-    assert task.held_out() == OmniglotTask(split="test")
+    assert task.held_out() == OmniglotTask(split="test")  # what evaluation reports
+    assert task.validation() == OmniglotTask(split="val")  # what a run keeps its weights on
     assert (task.label_groups, OmniglotTask(labels="string").label_groups) == (1, 5)
 
 
@@ -505,3 +513,22 @@ def test_scale_and_shear_jitter_change_images_and_leave_the_stream_alone():
         OmniglotTask(max_scale=-0.1)
     with pytest.raises(ValueError, match="max_shear"):
         OmniglotTask(max_shear=float("nan"))
+
+
+def test_a_run_validates_on_the_validation_split_and_evaluation_reports_the_test_split():
+    # Honest selection: the weights a run keeps are chosen on characters it never trained on and
+    # that the reported figures do not use.
+    from torch_ntm.evaluate import fixed_batches
+    from torch_ntm.presets import resolve_config
+    from torch_ntm.train import validation_batches
+
+    config = resolve_config("omniglot", None, ["eval_sequences=32", "batch_size=16"])
+    table = _lookup(rotations=False)
+    val, test = (set(split_characters(s).tolist()) for s in ("val", "test"))
+    batches = validation_batches(config, config.task_params)
+    assert batches and all(task.split == "val" for _, task in batches)
+    seen = {c for (batch, _) in batches for row in _identify(batch, table) for c, _, _ in row}
+    assert seen and seen <= val
+    held_out = config.task_params.held_out()
+    (batch, _), *_ = fixed_batches(held_out, 16, 16)
+    assert {c for row in _identify(batch, table) for c, _, _ in row} <= test

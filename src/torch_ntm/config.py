@@ -210,21 +210,22 @@ class TrainConfig(NTMOptions):
 
     def generalisation_sets(self) -> dict:
         """The generalisation validation sets, by their name in ``metrics.csv`` without
-        ``val@``: the held-out task at each of ``eval_sizes`` ("SIZE"), at the longest training
+        ``val@``: the validation task (`Task.validation`) at each of ``eval_sizes`` ("SIZE"), at
+        the longest training
         length with each of ``eval_repeats`` ("rR"), and at each of ``eval_pairs`` ("LrR")."""
         return {name: task for name, _, _, task in self._generalisation()}
 
     def _generalisation(self) -> list[tuple[str, str, int, Task]]:
         """`generalisation_sets` with the setting that asks for each (``eval_sizes=20``) and
         its size: (name, setting, size, task)."""
-        held_out, longest = self.task_params.held_out(), self.task_params.train_size
+        valid, longest = self.task_params.validation(), self.task_params.train_size
         return [
-            *((str(size), f"eval_sizes={size}", size, held_out.with_size(size))
+            *((str(size), f"eval_sizes={size}", size, valid.with_size(size))
               for size in self.eval_sizes),
-            *((f"r{r}", f"eval_repeats={r}", longest, held_out.with_size(longest).with_repeats(r))
+            *((f"r{r}", f"eval_repeats={r}", longest, valid.with_size(longest).with_repeats(r))
               for r in self.eval_repeats),
             *((f"{length}r{r}", f"eval_pairs={length}x{r}", length,
-               held_out.with_size(length).with_repeats(r))
+               valid.with_size(length).with_repeats(r))
               for length, r in self.eval_pair_values())]
 
     def keep_by_set(self) -> tuple[str, str] | None:
@@ -283,15 +284,16 @@ class TrainConfig(NTMOptions):
                 self.dnc_options().checked()
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
-        try:
-            held_out = self.task_params.held_out()
-        except ValueError as e:
-            raise ConfigError(f"{source}: the task's held-out data (validation, evaluation) "
-                              f"cannot be drawn: {e}") from None
-        if (held_out.input_size, held_out.output_size) != (self.task_params.input_size,
-                                                           self.task_params.output_size):
-            raise ConfigError(f"{source}: the task's held-out data has other input or output "
-                              f"widths than its training data")
+        for what, kind in (("held_out", "held-out data (evaluation)"),
+                           ("validation", "validation data")):
+            try:
+                other = getattr(self.task_params, what)()
+            except ValueError as e:
+                raise ConfigError(f"{source}: the task's {kind} cannot be drawn: {e}") from None
+            if (other.input_size, other.output_size) != (self.task_params.input_size,
+                                                         self.task_params.output_size):
+                raise ConfigError(f"{source}: the task's {kind} has other input or output "
+                                  f"widths than its training data")
         for key in ("eval_repeats", "eval_pairs"):
             if getattr(self, key) and not hasattr(self.task_params, "with_repeats"):
                 raise ConfigError(f"{source}: {key} applies to a task with a repeat count "

@@ -54,7 +54,8 @@ SIZE = 20  # images are SIZE x SIZE
 PIXELS = SIZE * SIZE  # 400 image values at the start of every input step
 DRAWINGS = 20  # drawings of every character (by 20 different people)
 ROTATIONS = 4  # training classes: each character at 0, 90, 180 and 270 degrees
-# Embedded data: these alphabets (63 characters) are the test split, the other 5 (179) train.
+# Embedded data: these alphabets (63 characters) are the test split; the other 5 (179 characters)
+# are the training alphabets (split into "train" and "val", `split_characters`).
 TEST_ALPHABETS = ("Balinese", "Early_Aramaic", "Tagalog")
 # Full data (root=): background then evaluation characters; the first 1,200 train, 423 test.
 FULL_ZIPS = ("images_background.zip", "images_evaluation.zip")
@@ -62,7 +63,11 @@ PAPER_TRAIN_CHARACTERS = 1200
 # String labels (Santoro et al. for 15 classes): 5 characters, each one of 5 symbols.
 STRING_LENGTH = 5
 STRING_SYMBOLS = 5
-SPLITS = ("train", "test")
+SPLITS = ("train", "val", "test")
+# The validation split: every VAL_EVERY-th character of the training alphabets (the 10th, 20th,
+# ...), never trained on, on which a run chooses the weights it keeps; the test split is for
+# reporting only.
+VAL_EVERY = 10
 LABELS = ("one_hot", "string")
 
 
@@ -211,12 +216,15 @@ def load_characters(root: str | os.PathLike | None = None) -> OmniglotCharacters
 
 
 def split_characters(split: str, root: str | os.PathLike | None = None) -> Tensor:
-    """Indices ``[K_split]`` (long) into `load_characters` of one split's characters.
+    """Indices ``[K_split]`` (long) into `load_characters` of one split's characters; the three
+    splits share no character.
 
     Embedded data: ``"test"`` is every character of `TEST_ALPHABETS` (Balinese, Early_Aramaic,
-    Tagalog: 63 characters), ``"train"`` the rest (Greek, Japanese_(katakana), Korean, Latin,
-    Sanskrit: 179). Full data (``root``): the background characters then the evaluation ones, in
-    the order of `read_zips`; the first 1,200 are ``"train"``, the remaining 423 ``"test"``.
+    Tagalog: 63 characters); the rest (Greek, Japanese_(katakana), Korean, Latin, Sanskrit: 179)
+    are the training alphabets, of which every `VAL_EVERY`-th character in order (the 10th, 20th,
+    ...: 17) is ``"val"`` and the others (162) ``"train"``. Full data (``root``): the background
+    characters then the evaluation ones, in the order of `read_zips`; the first 1,200 are the
+    training characters (120 ``"val"``, 1,080 ``"train"``), the remaining 423 ``"test"``.
     """
     if split not in SPLITS:
         raise ValueError(f"unknown split {split!r}; valid splits: {', '.join(SPLITS)}")
@@ -225,7 +233,11 @@ def split_characters(split: str, root: str | os.PathLike | None = None) -> Tenso
         is_test = torch.tensor([a in TEST_ALPHABETS for a in characters.alphabets])
     else:
         is_test = torch.arange(len(characters.names)) >= PAPER_TRAIN_CHARACTERS
-    return (is_test if split == "test" else ~is_test).nonzero().squeeze(1)
+    if split == "test":
+        return is_test.nonzero().squeeze(1)
+    training = (~is_test).nonzero().squeeze(1)
+    is_val = torch.arange(len(training)) % VAL_EVERY == VAL_EVERY - 1
+    return training[is_val if split == "val" else ~is_val]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,11 +266,11 @@ class OmniglotTask(Task):
     symbols, character j at units ``5 j .. 5 j + 4`` (25 units; C <= 3125 distinct strings).
     ``input_size = 400 + L``, ``output_size = L``; every step is scored.
 
-    Splits (`split_characters`) share no character. In training (``rotations``, ``jitter``:
-    None means ``split == "train"``) a character rotated by 90, 180 or 270 degrees is a class of
-    its own (4 x 179 classes in the embedded data); with ``reflections=True`` (default False,
-    effective only with rotations) each rotation's mirror image (columns reversed, then turned)
-    is one more class (8 x 179). Each image is jittered: rotated by a
+    Splits (`split_characters`: ``"train"``, ``"val"``, ``"test"``) share no character. In
+    training (``rotations``, ``jitter``: None means ``split == "train"``) a character rotated by
+    90, 180 or 270 degrees is a class of its own (4 x 162 classes in the embedded data); with
+    ``reflections=True`` (default False, effective only with rotations) each rotation's mirror
+    image (columns reversed, then turned) is one more class (8 x 162). Each image is jittered: rotated by a
     uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
     max_shift]`` pixels on each axis (bilinear, blank outside); with ``max_scale`` > 0 also
     scaled about its centre by ``(1 + max_scale) ** u``, u uniform in [-1, 1] (as likely
@@ -369,13 +381,22 @@ class OmniglotTask(Task):
         return STRING_LENGTH if self.labels == "string" else 1
 
     def held_out(self) -> OmniglotTask:
-        """The test split (characters never trained on), without rotations or jitter unless
-        set explicitly.
+        """The test split (alphabets never trained on: what evaluation reports), without
+        rotations or jitter unless set explicitly.
 
         Raises:
             ValueError: ``classes`` is more than the test split has.
         """
         return dataclasses.replace(self, split="test")
+
+    def validation(self) -> OmniglotTask:
+        """The validation split (characters of the training alphabets never trained on: what a
+        run chooses its kept weights on), without rotations or jitter unless set explicitly.
+
+        Raises:
+            ValueError: ``classes`` is more than the validation split has.
+        """
+        return dataclasses.replace(self, split="val")
 
     @property
     def extra_metrics(self) -> tuple[str, ...]:

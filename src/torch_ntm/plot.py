@@ -252,13 +252,13 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     evaluation's are), and a label task's accuracy figure scores ``episodes`` held-out episodes."""
     from torch_ntm import pretrained
     from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
+    from torch_ntm.dnc import DNC
     from torch_ntm.evaluate import (
         EVAL_SEED,
         evaluate_episodes,
         evaluate_sizes,
         task_objective,
     )
-    from torch_ntm.dnc import DNC
     from torch_ntm.model import NTM
 
     json_path = find_checkpoint(run_or_checkpoint)

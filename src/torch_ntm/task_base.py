@@ -122,9 +122,15 @@ class Task:
         return 1
 
     def held_out(self) -> Task:
-        """The task that validation and evaluation draw from: this one (fresh random sequences
-        of the training distribution), or data never trained on (Omniglot's test split)."""
+        """The task that evaluation draws from: this one (fresh random sequences of the training
+        distribution), or data never trained on (Omniglot's test split)."""
         return self
+
+    def validation(self) -> Task:
+        """The task that validation (the choice of the weights a run keeps) draws from: by
+        default `held_out`; data kept apart from both training and evaluation where the task has
+        some (Omniglot's validation split)."""
+        return self.held_out()
 
     @property
     def extra_metrics(self) -> tuple[str, ...]:

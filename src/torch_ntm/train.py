@@ -117,13 +117,13 @@ def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
 
 def validation_batches(config: TrainConfig, task) -> list:
     """The fixed validation set of a run: the same sequences at every validation and resume,
-    drawn from the task's held-out data (`Task.held_out`: for Omniglot, the test split; for
-    priority sort with ``close_pairs``, the paper's task), with a seed of its own where that is
-    not the training task."""
-    held_out = task.held_out()
-    if held_out is task:
+    drawn from the task's validation data (`Task.validation`: for Omniglot, the validation split;
+    for priority sort with ``close_pairs``, the paper's task), with a seed of its own where that
+    is not the training task."""
+    validation = task.validation()
+    if validation is task:
         return fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
-    return fixed_batches(held_out, config.eval_sequences, max(config.batch_size, 64),
+    return fixed_batches(validation, config.eval_sequences, max(config.batch_size, 64),
                          seed=HELD_OUT_SEED)
 
 
