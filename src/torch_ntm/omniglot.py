@@ -270,8 +270,8 @@ class OmniglotTask(Task):
     training (``rotations``, ``jitter``: None means ``split == "train"``) a character rotated by
     90, 180 or 270 degrees is a class of its own (4 x 162 classes in the embedded data); with
     ``reflections=True`` (default False, effective only with rotations) each rotation's mirror
-    image (columns reversed, then turned) is one more class (8 x 162). Each image is jittered: rotated by a
-    uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
+    image (columns reversed, then turned) is one more class (8 x 162). Each image is jittered:
+    rotated by a uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
     max_shift]`` pixels on each axis (bilinear, blank outside); with ``max_scale`` > 0 also
     scaled about its centre by ``(1 + max_scale) ** u``, u uniform in [-1, 1] (as likely
     shrunk as enlarged), and with ``max_shear`` > 0 sheared horizontally by a uniform factor in
