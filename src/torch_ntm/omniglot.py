@@ -266,23 +266,22 @@ class OmniglotTask(Task):
     symbols, character j at units ``5 j .. 5 j + 4`` (25 units; C <= 3125 distinct strings).
     ``input_size = 400 + L``, ``output_size = L``; every step is scored.
 
-    Splits (`split_characters`: ``"train"``, ``"val"``, ``"test"``) share no character. In
-    training (``rotations``, ``jitter``: None means ``split == "train"``) a character rotated by
-    90, 180 or 270 degrees is a class of its own (4 x 162 classes in the embedded data); with
-    ``reflections=True`` (default False, effective only with rotations) each rotation's mirror
-    image (columns reversed, then turned) is one more class (8 x 162). Each image is jittered:
-    rotated by a uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
-    max_shift]`` pixels on each axis (bilinear, blank outside); with ``max_scale`` > 0 also
-    scaled about its centre by ``(1 + max_scale) ** u``, u uniform in [-1, 1] (as likely
-    shrunk as enlarged), and with ``max_shear`` > 0 sheared horizontally by a uniform factor in
-    ``[-max_shear, max_shear]`` (pixels of sideways move per pixel down), both off by default.
-    The C classes are drawn uniformly without replacement from the split's classes (so in training
-    two classes of an episode can be one character in two orientations), each class's n drawings
-    uniformly without replacement from its 20, and the C n steps are in a uniformly random order.
-    Without jitter, ``x_t`` is the stored 8-bit image divided by 255 (turned, where rotations
-    apply). The size knob of `with_size` is ``instances``. Score with `accuracy_by_instance`;
-    `instance_numbers` tells the k-th occurrence of a class.
-    """
+    Splits (`split_characters`: ``"train"``, ``"val"``, ``"test"``) share no character. In training
+    (``rotations``, ``jitter``: None means ``split == "train"``) a character rotated by 90, 180 or
+    270 degrees is a class of its own (4 x 162 classes in the embedded data); with
+    ``reflections=True`` (default False, effective only with rotations) each rotation's mirror image
+    (columns reversed, then turned) is one more class (8 x 162). Each image is jittered: rotated by
+    a uniform angle in ``[-max_angle, max_angle]`` degrees and shifted by uniform ``[-max_shift,
+    max_shift]`` pixels on each axis (bilinear, blank outside); with ``max_scale`` > 0 also scaled
+    about its centre by ``(1 + max_scale) ** u``, u uniform in [-1, 1] (as likely shrunk as
+    enlarged), and with ``max_shear`` > 0 sheared horizontally by a uniform factor in ``[-max_shear,
+    max_shear]`` (pixels of sideways move per pixel down), both off by default. The C classes are
+    drawn uniformly without replacement from the split's classes (so in training two classes of an
+    episode can be one character in two orientations), each class's n drawings uniformly without
+    replacement from its 20, and the C n steps are in a uniformly random order. Without jitter,
+    ``x_t`` is the stored 8-bit image divided by 255 (turned, where rotations apply). The size knob
+    of `with_size` is ``instances``. Score with `accuracy_by_instance`; `instance_numbers` tells the
+    k-th occurrence of a class. """
 
     classes: int = 5
     instances: int = 10
