@@ -223,7 +223,7 @@ def test_an_unknown_bench_engine_is_a_usage_error_naming_the_engines(capsys):
     assert exit.value.code == 2
     err = capsys.readouterr().err
     assert ("ntm bench: error: argument --engines: expected comma-separated engines from auto, "
-            "native, eager, got 'native,turbo'") in err and "Traceback" not in err
+            "native, graphs, eager, got 'native,turbo'") in err and "Traceback" not in err
 
 
 @pytest.mark.parametrize("command", [["evaluate", "--pretrained", "copy"],

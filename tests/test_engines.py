@@ -355,7 +355,7 @@ def test_library_that_cannot_be_built_runs_eager_with_one_line(monkeypatch, capl
 
 def test_unknown_and_legacy_engine_names():
     with pytest.raises(ValueError, match="unknown engine 'turbo'; valid choices: auto, native, "
-                                         "eager"):
+                                         "graphs, eager"):
         NTM(3, 2, engine="turbo")
     for old in engines.LEGACY_ENGINES:  # configs of earlier versions: the default now
         assert NTM(3, 2, engine=old).engine == "auto"

@@ -504,7 +504,7 @@ def test_engine_names_and_the_default():
     assert "engine='eager'" in repr(build(engine="eager"))
     assert build(engine="compiled").engine == "auto"  # a name of an earlier version
     with pytest.raises(ValueError, match="unknown engine 'turbo'; valid choices: auto, native, "
-                                         "eager"):
+                                         "graphs, eager"):
         mann.engine = "turbo"
 
 
