@@ -12,7 +12,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["bound", "cell_step", "check_cell_input", "check_input_dtype", "check_state_tensors",
-           "choice", "describe_shapes", "one_dtype", "positive_int", "read_only_options"]
+           "choice", "describe_shapes", "one_dtype", "positive_int", "read_only_options",
+           "sequence_layout", "time_major"]
 
 
 def choice(kind: str, value: str, valid) -> str:
@@ -140,3 +141,35 @@ def check_cell_input(cell: nn.Module, x: object) -> None:
                          f"{name.removesuffix('Cell')}")
     if x.shape[0] == 0:
         raise ValueError(f"{name} got a batch of 0 inputs")
+
+
+def sequence_layout(module: nn.Module) -> str:
+    """The input shape a sequence module's ``forward`` takes, for error messages:
+    ``[time, batch, I]``, or ``[batch, time, I]`` if ``module.batch_first``."""
+    axes = "batch, time" if module.batch_first else "time, batch"
+    return f"[{axes}, {module.input_size}]"
+
+
+def time_major(module: nn.Module, x: object) -> Tensor:
+    """``x``, a sequence module's padded input (`sequence_layout`), checked and time-major
+    ``[T, B, I]``.
+
+    Raises:
+        TypeError: ``x`` is not a tensor.
+        ValueError: ``x`` has another shape (a 2-d input is one step: the hint names the
+            module's cell), no step or no sequence.
+    """
+    name, layout = type(module).__name__, sequence_layout(module)
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{name} expects a tensor of shape {layout}, got {type(x).__name__}")
+    if x.dim() != 3 or x.shape[2] != module.input_size:
+        hint = (f"; for one step [batch, {module.input_size}] use {name}Cell"
+                if x.dim() == 2 else "")
+        raise ValueError(f"{name} expects input of shape {layout}, got {list(x.shape)}{hint}")
+    if module.batch_first:
+        x = x.transpose(0, 1)
+    if x.shape[0] == 0:
+        raise ValueError(f"{name} got an input sequence of length 0")
+    if x.shape[1] == 0:
+        raise ValueError(f"{name} got a batch of 0 sequences")
+    return x

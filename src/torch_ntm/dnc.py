@@ -45,6 +45,8 @@ from torch_ntm.checks import (
     one_dtype,
     positive_int,
     read_only_options,
+    sequence_layout,
+    time_major,
 )
 from torch_ntm.controllers import CONTROLLERS
 from torch_ntm.engines import graphs
@@ -322,31 +324,12 @@ class DNC(_DNCBase):
     def config(self) -> dict:
         return {**super().config(), "batch_first": self.batch_first}
 
-    @property
-    def _layout(self) -> str:
-        """The input shape ``forward`` takes, for error messages."""
-        axes = "batch, time" if self.batch_first else "time, batch"
-        return f"[{axes}, {self.input_size}]"
-
     def _prepare(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
         """``x`` time-major and checked, and the state to start from."""
         if isinstance(x, PackedSequence):
             raise TypeError("DNC.trace takes a padded tensor, not a PackedSequence: unpack it "
                             "with torch.nn.utils.rnn.pad_packed_sequence")
-        if not isinstance(x, Tensor):
-            raise TypeError(f"DNC expects a tensor of shape {self._layout}, got "
-                            f"{type(x).__name__}")
-        if x.dim() != 3 or x.shape[2] != self.input_size:
-            hint = (f"; for one step [batch, {self.input_size}] use DNCCell"
-                    if x.dim() == 2 else "")
-            raise ValueError(f"DNC expects input of shape {self._layout}, got "
-                             f"{list(x.shape)}{hint}")
-        if self.batch_first:
-            x = x.transpose(0, 1)
-        if x.shape[0] == 0:
-            raise ValueError("DNC got an input sequence of length 0")
-        if x.shape[1] == 0:
-            raise ValueError("DNC got a batch of 0 sequences")
+        x = time_major(self, x)
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
@@ -380,7 +363,7 @@ class DNC(_DNCBase):
             return forward_packed(x, state, self._forward_padded, batch_first=self.batch_first,
                                   input_size=self.input_size, name="DNC")
         if not isinstance(x, Tensor):
-            raise TypeError(f"DNC expects a tensor of shape {self._layout} or a "
+            raise TypeError(f"DNC expects a tensor of shape {sequence_layout(self)} or a "
                             f"PackedSequence, got {type(x).__name__}")
         return self._forward_padded(x, state)
 

@@ -37,6 +37,7 @@ from torch_ntm.checks import (
     one_dtype,
     positive_int,
     read_only_options,
+    time_major,
 )
 from torch_ntm.controllers import LSTMController
 from torch_ntm.engines import graphs
@@ -340,19 +341,7 @@ class MANN(_MANNBase):
         Returns:
             ``(logits [T, B, output_size] (or batch first), state after the last step)``.
         """
-        axes = "batch, time" if self.batch_first else "time, batch"
-        if not isinstance(x, Tensor) or x.dim() != 3 or x.shape[2] != self.input_size:
-            got = list(x.shape) if isinstance(x, Tensor) else type(x).__name__
-            hint = (f"; for one step [batch, {self.input_size}] use MANNCell"
-                    if isinstance(x, Tensor) and x.dim() == 2 else "")
-            raise ValueError(f"MANN expects input of shape [{axes}, {self.input_size}], got "
-                             f"{got}{hint}")
-        if self.batch_first:
-            x = x.transpose(0, 1)
-        if x.shape[0] == 0:
-            raise ValueError("MANN got an input sequence of length 0")
-        if x.shape[1] == 0:
-            raise ValueError("MANN got a batch of 0 sequences")
+        x = time_major(self, x)
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)

@@ -25,7 +25,7 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
+from torch.nn.utils.rnn import PackedSequence
 
 from torch_ntm import engines
 from torch_ntm.checks import (
@@ -38,11 +38,14 @@ from torch_ntm.checks import (
     one_dtype,
     positive_int,
     read_only_options,
+    sequence_layout,
+    time_major,
 )
 from torch_ntm.controllers import CONTROLLERS, LSTMController
 from torch_ntm.engines import graphs
 from torch_ntm.engines import ntm as native
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
+from torch_ntm.packed import forward_packed
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
@@ -297,16 +300,6 @@ class _NTMBase(nn.Module):
         return logits, new_state
 
 
-def _where_batch(mask: Tensor, new, old, dim: int):
-    """``new`` where ``mask`` ([B] bool) is set, else ``old``, for a tensor with its batch at
-    ``dim``, or for a tuple of such tensors (the controller's state)."""
-    if isinstance(new, tuple):
-        return tuple(_where_batch(mask, a, b, dim) for a, b in zip(new, old))
-    shape = [1] * new.dim()
-    shape[dim] = -1
-    return torch.where(mask.view(shape), new, old)
-
-
 class NTMCell(_NTMBase):
     """One step of a Neural Turing Machine.
 
@@ -406,29 +399,11 @@ class NTM(_NTMBase):
     def config(self) -> dict:
         return {**super().config(), "batch_first": self.batch_first}
 
-    @property
-    def _layout(self) -> str:
-        """The input shape ``forward`` takes, for error messages."""
-        axes = "batch, time" if self.batch_first else "time, batch"
-        return f"[{axes}, {self.input_size}]"
-
     def _prepare(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         if isinstance(x, PackedSequence):
             raise TypeError("NTM.trace takes a padded tensor, not a PackedSequence: unpack it "
                             "with torch.nn.utils.rnn.pad_packed_sequence")
-        if not isinstance(x, Tensor):
-            raise TypeError(f"NTM expects a tensor of shape {self._layout}, got "
-                            f"{type(x).__name__}")
-        if x.dim() != 3 or x.shape[2] != self.input_size:
-            raise ValueError(
-                f"NTM expects input of shape {self._layout}, got {list(x.shape)}"
-            )
-        if self.batch_first:
-            x = x.transpose(0, 1)
-        if x.shape[0] == 0:
-            raise ValueError("NTM got an input sequence of length 0")
-        if x.shape[1] == 0:
-            raise ValueError("NTM got a batch of 0 sequences")
+        x = time_major(self, x)
         self._check_dtype(x)
         if state is None:
             state = self.initial_state(x.shape[1], x.device, x.dtype)
@@ -458,40 +433,13 @@ class NTM(_NTMBase):
                 "NTM does not support torch.jit.trace (a trace would also fix the sequence "
                 "length); use torch.export.export(ntm, (x,), dynamic_shapes=...), which traces "
                 "one program for every length (docs/guide.md, Export)")
-        if isinstance(x, PackedSequence):
-            return self._forward_packed(x, state)
+        if isinstance(x, PackedSequence):  # run in pieces that end where some sequence ends
+            return forward_packed(x, state, self._forward_padded, batch_first=self.batch_first,
+                                  input_size=self.input_size, name="NTM")
         if not isinstance(x, Tensor):
-            raise TypeError(f"NTM expects a tensor of shape {self._layout} or a "
+            raise TypeError(f"NTM expects a tensor of shape {sequence_layout(self)} or a "
                             f"PackedSequence, got {type(x).__name__}")
         return self._forward_padded(x, state)
-
-    def _forward_packed(self, x: PackedSequence, state: NTMState | None
-                        ) -> tuple[PackedSequence, NTMState]:
-        """Runs the padded batch in pieces that end where some sequence ends, and keeps each
-        sequence's state from the piece that ended it. The batch keeps its size throughout (the
-        steps past a sequence's end are computed and dropped). The outputs come back packed
-        exactly as ``x`` is (same `batch_sizes` and order)."""
-        padded, lengths = pad_packed_sequence(x)  # [T, B, I] in the order before packing
-        if padded.dim() != 3 or padded.shape[2] != self.input_size:
-            raise ValueError(f"NTM expects packed steps of width {self.input_size}, got "
-                             f"{list(x.data.shape[1:])}")
-        pieces, final, start = [], None, 0
-        for end in sorted(set(lengths.tolist())):
-            piece = padded[start:end]
-            y, state = self._forward_padded(piece.transpose(0, 1) if self.batch_first else piece,
-                                            state)
-            pieces.append(y.transpose(0, 1) if self.batch_first else y)
-            ended = (lengths == end).to(padded.device)
-            final = state if final is None else NTMState(*(
-                _where_batch(ended, new, old, dim=1 if name == "controller" else 0)
-                for name, new, old in zip(NTMState._fields, state, final)))
-            start = end
-        y = torch.cat(pieces)  # [T, B, O]
-        order = x.sorted_indices
-        if order is not None:
-            y, lengths = y.index_select(1, order), lengths[order.cpu()]
-        data = pack_padded_sequence(y, lengths, enforce_sorted=True).data
-        return PackedSequence(data, x.batch_sizes, x.sorted_indices, x.unsorted_indices), final
 
     def _forward_padded(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
         if torch.compiler.is_exporting():
