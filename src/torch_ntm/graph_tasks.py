@@ -199,7 +199,8 @@ class _GraphTask(Task):
 
     def _episode(self, graph: Graph, generator: torch.Generator | None
                  ) -> tuple[list[tuple[int, int, int]], list[tuple[int, int, int]]]:
-        """The query's steps and the answer's triples, as labels (or `_BLANK`)."""
+        """The query's steps and the answer's triples, as labels (or `_BLANK`); None where
+        ``graph`` has no query that fits (shortest path)."""
         raise NotImplementedError
 
     def _graph(self, generator: torch.Generator | None) -> Graph:
@@ -215,6 +216,7 @@ class _GraphTask(Task):
             steps = [shown, torch.tensor(query, dtype=torch.long).view(-1, 3),
                      torch.full((self.planning_steps, 3), _BLANK),
                      torch.full((len(answer), 3), _BLANK)]
+            # the steps' phases in order: GRAPH, QUERY, PLAN, ANSWER are 0, 1, 2, 3
             phase = torch.cat([torch.full((len(s),), p) for p, s in enumerate(steps)])
             given = torch.cat(steps)
             wanted = torch.full_like(given, _BLANK)
@@ -259,7 +261,10 @@ class TraversalTask(_GraphTask):
         mask    0                0            0              0                1
 
     ``_`` is a blank field (zeros); node fields hold the node's label. Answer step i (i = 1..P)
-    is the triple of the i-th edge of the walk, every one an edge of the graph. The size knob is
+    is the triple of the i-th edge of the walk, every one an edge of the graph. E.g. the graph
+    7 -> 3 -> 5 -> 7 with edge labels 4, 6, 9, shown as (3, 6, 5), (7, 4, 3), (5, 9, 7), and the
+    query (7, 4, _), (_, 6, _): the answer is (7, 4, 3), (3, 6, 5), T = 3 + 2 + 0 + 2 = 7 steps,
+    the last two scored. The size knob is
     the number of nodes (``min_nodes..max_nodes``, default 3..10); ``eval_sizes`` go to 3 times
     ``max_nodes``.
     """
