@@ -16,6 +16,7 @@ def test_every_task_has_the_four_presets_and_they_resolve():
     assert set(PRESETS) == set(TASKS)
     for task in TASKS:
         expected = ({"mann", "mann-ntm", "lstm"} if task == "omniglot"  # Santoro et al.'s three
+                    else {"dnc", "ntm", "lstm"} if task in ("traversal", "shortest_path")
                     else {"ntm-lstm", "ntm-lstm-paper", "ntm-ff", "lstm"})
         assert expected <= set(PRESETS[task])
         for preset in PRESETS[task]:

@@ -318,11 +318,12 @@ def test_no_reference_cost(name):
 
 def test_registry():
     assert list(TASKS) == ["copy", "repeat_copy", "associative_recall", "ngrams", "priority_sort",
-                          "omniglot"]
+                          "omniglot", "traversal", "shortest_path"]
     assert make_task("copy", max_length=7) == CopyTask(max_length=7)
     for name, cls in TASKS.items():
         assert make_task(name) == cls()
-    # Omniglot alone is scored by labels; every other task has sizes to generalise to
+    # Omniglot alone is scored by accuracy by instance; every other task has sizes to generalise
+    # to (the graph tasks too, though scored by labels)
     assert [name for name, cls in TASKS.items() if cls().label_task] == ["omniglot"]
     assert make_task("omniglot").label_task is True  # its own `labels` field does not hide it
 

@@ -60,7 +60,8 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"one of: {', '.join(sorted(TASKS))}")
     p.add_argument("--preset", default=None,
                    help="ntm-lstm (default), ntm-lstm-paper (repeat_copy's default), ntm-ff, "
-                   "lstm; omniglot: mann (default), mann-ntm, lstm")
+                   "lstm; omniglot: mann (default), mann-ntm, lstm; traversal, shortest_path: "
+                   "dnc (default), ntm, lstm")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable); task.KEY for task parameters")
     p.add_argument("--out", default=None,

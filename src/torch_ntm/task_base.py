@@ -1,5 +1,6 @@
-"""The interface every task shares: `Batch` and `Task` (the tasks are in `torch_ntm.tasks` and
-`torch_ntm.omniglot`, which both build on this module, so neither imports the other's module)."""
+"""The interface every task shares: `Batch` and `Task` (the tasks are in `torch_ntm.tasks`,
+`torch_ntm.omniglot` and `torch_ntm.graph_tasks`, which build on this module, so that
+`torch_ntm.tasks` can register the others without an import circle)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from torch import Tensor
 __all__ = ["Batch", "Task", "LOSSES", "check_int"]
 
 # How a task's targets are scored (`torch_ntm.metrics.objective`): "bce", independent bits (the
-# algorithmic tasks); "cross_entropy", labels, one softmax per group of units (Omniglot).
+# algorithmic tasks); "cross_entropy", labels, one softmax per group of units (Omniglot, the
+# graph tasks).
 LOSSES = ("bce", "cross_entropy")
 
 
@@ -38,8 +40,9 @@ class Task:
     @property
     def label_task(self) -> bool:
         """A label task (scored by wrong labels, accuracy by instance on held-out episodes), not
-        a bit task with sizes to generalise to. (Not ``labels``: that is Omniglot's field for
-        how labels are encoded.)"""
+        a task with sizes to generalise to. By default, a task with the ``"cross_entropy"`` loss;
+        the graph tasks are scored by labels but have sizes, and say False. (Not ``labels``:
+        that is Omniglot's field for how labels are encoded.)"""
         return self.loss == "cross_entropy"
 
     @property

@@ -1,5 +1,6 @@
 """The five algorithmic tasks of the paper (Graves, Wayne & Danihelka 2014, section 4), and the
-registry `TASKS` of every task (with Omniglot episodes, `torch_ntm.omniglot`).
+registry `TASKS` of every task (with Omniglot episodes, `torch_ntm.omniglot`, and the DNC
+paper's graph tasks, `torch_ntm.graph_tasks`).
 
 Each task is a dataclass of its size parameters (defaults: the paper's training distribution) whose
 `sample` draws a `Batch` of ``(inputs, targets, mask)``:
@@ -38,6 +39,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
+from torch_ntm.graph_tasks import ShortestPathTask, TraversalTask
 from torch_ntm.metrics import bit_errors
 from torch_ntm.omniglot import OmniglotTask
 from torch_ntm.task_base import Batch, Task, check_int
@@ -51,6 +53,8 @@ __all__ = [
     "NGramsTask",
     "PrioritySortTask",
     "OmniglotTask",
+    "TraversalTask",
+    "ShortestPathTask",
     "TASKS",
     "make_task",
 ]
@@ -547,11 +551,12 @@ class PrioritySortTask(Task):
         return priority.scatter(0, moved, near + sign * gap)
 
 
-# The paper's five tasks, then Omniglot episodes (Santoro et al. 2016; `torch_ntm.omniglot`).
+# The paper's five tasks, then Omniglot episodes (Santoro et al. 2016; `torch_ntm.omniglot`),
+# then the DNC paper's graph tasks (Graves et al. 2016; `torch_ntm.graph_tasks`).
 TASKS: dict[str, type[Task]] = {
     task.name: task
     for task in (CopyTask, RepeatCopyTask, AssociativeRecallTask, NGramsTask, PrioritySortTask,
-                 OmniglotTask)
+                 OmniglotTask, TraversalTask, ShortestPathTask)
 }
 
 
