@@ -185,10 +185,14 @@ def _build(name: str, dtype: torch.dtype) -> dict:
         capability = torch.backends.cpu.get_cpu_capability().lower()
         text = header()
         generated = _generated(text)
-        # The code's hash among the flags: new code (a header too) is a new build of the library.
-        flags = [*_flags(), f"-DTORCH_NTM_SOURCES={_sources_hash(text)}"]
+        # The code's hash in the name (and so the build's folder): new code (a header too) is a
+        # new build, and processes running two versions (two checkouts, an upgrade) each build
+        # and load their own instead of rebuilding one folder in turn, each waiting on the
+        # other's lock.
+        digest = _sources_hash(text)
+        flags = [*_flags(), f"-DTORCH_NTM_SOURCES={digest}"]
         path = cpp_extension.load(
-            name=f"torch_ntm_{name}_{capability}_f{torch.finfo(dtype).bits}",
+            name=f"torch_ntm_{name}_{capability}_f{torch.finfo(dtype).bits}_{digest[:8]}",
             sources=[str(_CSRC / source) for source in (*sources, "library.cpp")],
             extra_cflags=flags + (["-DTORCH_NTM_FLOAT64"] if dtype == torch.float64 else []),
             extra_include_paths=[str(_CSRC), str(generated)],
