@@ -773,3 +773,57 @@ def test_evaluating_no_batches_is_a_clear_error():
 
     with pytest.raises(ValueError, match="no batches to evaluate"):
         evaluate_batches(NTM(9, 8), [])
+
+
+# -- Documented options: one line, not a traceback ---------------------------------------------
+
+@pytest.mark.parametrize("task, item, message", [
+    ("omniglot", "task.root=DIR", "must hold the full Omniglot zips"),
+    ("omniglot", "task.rotations=maybe", "task.rotations=maybe: expected a value of type bool, "
+                                         "or none"),
+    ("omniglot", "task.jitter=2", "task.jitter=2: expected a value of type bool, or none"),
+    ("associative_recall", "eval_sizes=1", "eval_sizes=1: associative_recall has no sequences"),
+    ("ngrams", "eval_sizes=1", "eval_sizes=1: ngrams has no sequences of that size"),
+    ("omniglot", "eval_sizes=40", "eval_sizes=40: omniglot has no sequences of that size"),
+])
+def test_documented_options_are_one_line_not_a_traceback(tmp_path, capsys, task, item, message):
+    """task.root (and the task's other optional keys) ended in AttributeError: 'types.UnionType'
+    object has no attribute '__name__'; eval_sizes the task has not, in a ValueError."""
+    out = tmp_path / "run"
+    err = one_line_error(capsys, ["train", task, "--out", str(out), "--no-plots",
+                                  "--no-progress", "--set", item.replace("DIR", str(tmp_path))])
+    assert message in err
+    assert not out.exists()
+
+
+def test_an_optional_task_key_takes_a_value_or_none():
+    from torch_ntm.config import ConfigError
+    from torch_ntm.overrides import apply_overrides
+
+    config = resolve_config("omniglot")
+    changed = apply_overrides(config, ["task.rotations=false", "task.jitter=none"])
+    assert (changed.task_params.rotations, changed.task_params.jitter) == (False, None)
+    with pytest.raises(ConfigError, match="root='/nonexistent' must hold the full Omniglot"):
+        apply_overrides(config, ["root=/nonexistent"], "--task-set", prefix="task.")  # evaluate
+
+
+def test_omniglot_zips_that_are_not_images_name_the_file(tmp_path, capsys):
+    import zipfile
+
+    from torch_ntm.omniglot import read_zips
+
+    pytest.importorskip("PIL")
+    path = tmp_path / "images_background.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        for d in range(1, 21):
+            archive.writestr(f"b/A/character01/0001_{d:02d}.png", b"not a png")
+    with pytest.raises(ValueError, match=r"images_background.zip: A/character01/0001_01.png is "
+                                         r"not a PNG image Pillow reads"):
+        read_zips([path])
+    (tmp_path / "images_evaluation.zip").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="images_evaluation.zip: not a readable zip file"):
+        read_zips([tmp_path / "images_evaluation.zip"])
+    zipfile.ZipFile(tmp_path / "images_evaluation.zip", "w").close()  # a zip, empty
+    err = one_line_error(capsys, ["train", "omniglot", "--out", str(tmp_path / "run"),
+                                  "--set", f"task.root={tmp_path}"])
+    assert "0001_01.png is not a PNG image" in err

@@ -215,18 +215,29 @@ class TrainConfig(NTMOptions):
         length with each of ``eval_repeats`` ("rR"), and at each of ``eval_pairs`` ("LrR")."""
         return {name: task for name, _, _, task in self._generalisation()}
 
-    def _generalisation(self) -> list[tuple[str, str, int, Task]]:
+    def _generalisation(self, source: str = "config") -> list[tuple[str, str, int, Task]]:
         """`generalisation_sets` with the setting that asks for each (``eval_sizes=20``) and
-        its size: (name, setting, size, task)."""
+        its size: (name, setting, size, task). A size the task has not is a `ConfigError`
+        naming the setting."""
         valid, longest = self.task_params.validation(), self.task_params.train_size
-        return [
-            *((str(size), f"eval_sizes={size}", size, valid.with_size(size))
+        wanted = [
+            *((str(size), f"eval_sizes={size}", size, lambda s=size: valid.with_size(s))
               for size in self.eval_sizes),
-            *((f"r{r}", f"eval_repeats={r}", longest, valid.with_size(longest).with_repeats(r))
+            *((f"r{r}", f"eval_repeats={r}", longest,
+               lambda r=r: valid.with_size(longest).with_repeats(r))
               for r in self.eval_repeats),
             *((f"{length}r{r}", f"eval_pairs={length}x{r}", length,
-               valid.with_size(length).with_repeats(r))
+               lambda n=length, r=r: valid.with_size(n).with_repeats(r))
               for length, r in self.eval_pair_values())]
+        sets = []
+        for name, setting, size, make in wanted:
+            try:
+                sets.append((name, setting, size, make()))
+            except ValueError as e:
+                raise ConfigError(f"{source}: {setting}: {self.task} has no sequences of that "
+                                  f"size ({e}); choose another or leave "
+                                  f"{setting.partition('=')[0]} empty") from None
+        return sets
 
     def keep_by_set(self) -> tuple[str, str] | None:
         """``keep_by`` as (set, metric), or None."""
@@ -425,7 +436,7 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     ``eval_repeats`` or ``eval_pairs``, has more than `MAX_SEQUENCE_STEPS` time steps."""
     task = config.task_params
     training = ("", "training", task.train_size, task.with_size(task.train_size))
-    for _, what, size, each in (training, *config._generalisation()):
+    for _, what, size, each in (training, *config._generalisation(source)):
         key = what.partition("=")[0]
         check_steps(each, size, f"{source}: a {config.task} sequence of {task.size_name} {size} "
                     f"({what})", f"lower the size (e.g. task.max_length) or the {key}")
