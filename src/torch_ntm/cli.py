@@ -211,7 +211,7 @@ def _default_run_dir(task: str) -> Path:
 def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
     """The directory for a new run, refused (`ConfigError`) unless it is new or empty, or
     ``overwrite`` is given; the current directory and the empty name are always refused."""
-    from torch_ntm.checkpoint import CHECKPOINT_JSON, LOCK
+    from torch_ntm.checkpoint import CHECKPOINT_JSON, LOCK, foreign_files
     from torch_ntm.config import ConfigError
 
     if out is not None and not out.strip():
@@ -223,6 +223,13 @@ def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
     if run_dir.is_dir() and run_dir.resolve() in (here, *here.parents):
         raise ConfigError(f"--out {out}: is the current directory or holds it; name a directory "
                           f"for the run (default runs/{task})")
+    foreign = foreign_files(run_dir) if overwrite and run_dir.is_dir() else []
+    if foreign:  # --overwrite removes a run's own files only
+        raise ConfigError(f"--out {run_dir}: --overwrite replaces only a run's own files, and "
+                          f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not (a "
+                          f"link, or not what a run writes there); move "
+                          f"{'it' if len(foreign) == 1 else 'them'} away or choose another "
+                          f"directory")
     if not overwrite and run_dir.is_dir():
         if (run_dir / CHECKPOINT_JSON).exists():
             raise ConfigError(f"--out {run_dir}: already holds a run; continue it with --resume "

@@ -23,6 +23,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
+    "check_data_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
     "check_resume", "list_kind", "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
@@ -316,6 +317,7 @@ class TrainConfig(NTMOptions):
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
         check_sequence_steps(self, source)
+        check_data_size(self, source)
         if any(a >= b for a, b in zip(self.lr_milestones, self.lr_milestones[1:])):
             raise ConfigError(f"{source}: lr_milestones={self.lr_milestones} must increase "
                               f"(numbers of training sequences, e.g. 400000,600000)")
@@ -452,17 +454,49 @@ def check_steps(task, size: int, what: str, fix: str, limit: int = MAX_SEQUENCE_
     sequence of ``task`` (at ``size``) has more steps than ``limit``. A sequence has at least as
     many steps as its size and its repeat count, so a larger one is refused before a sequence
     is drawn (one of a billion steps would not fit in memory)."""
-    import torch
-
     least = max(size, getattr(task, "max_repeats", 0))
     if least > limit:
         steps = f"at least {least:,}"
     else:
-        count = task.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
+        count = _steps(task)
         if count <= limit:
             return
         steps = f"{count:,}"
     raise ConfigError(f"{what} takes {steps} steps, more than {limit:,}: {fix}")
+
+
+def _steps(task) -> int:
+    """The time steps of a sequence of ``task`` (one drawn, as `check_steps` draws it)."""
+    import torch
+
+    return task.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
+
+
+# The sequences held in memory at once (a training batch, the validation set, a generalisation
+# set: float32 inputs, targets and mask) above this are a typo, not a plan: the run would only
+# fail later for lack of memory.
+MAX_DATA_BYTES = 2 << 30
+# A model with more parameters than this is a typo (1 GiB of float32; training holds about four
+# times that with gradients and optimizer state). `torch_ntm.factories.build_model` checks it.
+MAX_PARAMETERS = 1 << 28
+
+
+def check_data_size(config: TrainConfig, source: str = "config") -> None:
+    """Raise `ConfigError` naming the count key (``batch_size``, ``eval_sequences``,
+    ``eval_size_sequences``) if its sequences would take more than `MAX_DATA_BYTES`."""
+    task = config.task_params
+    sets = [("a training batch", "batch_size", task.with_size(task.train_size)),
+            ("the validation set", "eval_sequences", task.held_out().with_size(task.train_size)),
+            *((f"the validation set of {what}", "eval_size_sequences", each)
+              for _, what, _, each in config._generalisation(source))]
+    for what, key, each in sets:
+        count, steps, width = getattr(config, key), _steps(each), each.input_size + each.output_size
+        need = count * steps * (width + 1) * 4
+        if need > MAX_DATA_BYTES:
+            raise ConfigError(f"{source}: {what} ({key}={count:,} sequences of {steps:,} steps x "
+                              f"{width:,} channels) needs {need / 2**30:.3g} GiB, more than the "
+                              f"limit of {MAX_DATA_BYTES / 2**30:g} GiB: lower {key}, or the "
+                              f"task's size or width")
 
 
 def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,

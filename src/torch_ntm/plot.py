@@ -77,8 +77,18 @@ def _array(t: torch.Tensor):
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    """Write ``fig`` to ``path`` as a run's files are written (`atomic_write`: never through a
+    link), in the format its suffix names."""
+    import io
+
+    from torch_ntm.checkpoint import atomic_write
+
+    data = io.BytesIO()
+    try:
+        fig.savefig(data, dpi=110, format=path.suffix.lstrip(".") or None)
+    finally:
+        _pyplot().close(fig)
+    atomic_write(path, data.getvalue())
     return path
 
 
@@ -197,7 +207,7 @@ def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val"
             raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv ({why})")
         curves.append((label, "-" if split == "train" else ".-", rows))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the user's own choice of file
     return _curve_axes(curves, path)
 
 
@@ -251,7 +261,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     one example sequence (drawn with ``seed`` from the task's held-out data, `Task.held_out`, as
     evaluation's are), and a label task's accuracy figure scores ``episodes`` held-out episodes."""
     from torch_ntm import pretrained
-    from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
+    from torch_ntm.checkpoint import find_checkpoint, load_checkpoint, own_folder
     from torch_ntm.dnc import DNC
     from torch_ntm.evaluate import (
         EVAL_SEED,
@@ -269,7 +279,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
         out = Path(f"figures-{json_path.parent.name}")
     else:
         out = json_path.parent / "figures"
-    out.mkdir(parents=True, exist_ok=True)
+    own_folder(out)  # never through a link planted in the run
     task = ckpt.task()
     size = size or task.train_size
     # The rows it runs with: those asked for; beyond the training size the run's generalisation

@@ -88,7 +88,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, extra_fields: tuple[str, ...] = (),
                  resume_at: tuple[int, int] | None = None):
-        from torch_ntm.checkpoint import atomic_write
+        from torch_ntm.checkpoint import atomic_write, own_folder
 
         self.path = run_dir / "metrics.csv"
         self.fields = [*FIELDS, *extra_fields]
@@ -108,7 +108,7 @@ class MetricsLog:
             # Points are logged at their sequence count, so the purge counts sequences (by the
             # step, every resume wiped the points from that many sequences on: most of them).
             purge = None if resume_at is None else resume_at[1] + 1
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+            self.tb = SummaryWriter(str(own_folder(run_dir / "tb")), purge_step=purge)
         except ImportError:
             pass
 
@@ -117,8 +117,12 @@ class MetricsLog:
         the extra fields)."""
         row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
                "split": split, **{k: f"{values[k]:.6g}" for k in self.values if k in values}}
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.fields).writerow(row)
+        from torch_ntm.checkpoint import open_own
+
+        text = io.StringIO(newline="")
+        csv.DictWriter(text, self.fields).writerow(row)
+        with open_own(self.path) as f:
+            f.write(text.getvalue().encode())
         if self.tb is not None:
             for key in self.values:
                 if key in values:

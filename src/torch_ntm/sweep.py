@@ -39,7 +39,17 @@ import time
 import typing
 from pathlib import Path
 
-from torch_ntm.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint
+from torch_ntm.checkpoint import (
+    CHECKPOINT_JSON,
+    MAX_RECORD_BYTES,
+    CheckpointError,
+    atomic_write,
+    load_checkpoint,
+    lock_run,
+    open_own,
+    own_folder,
+    read_own,
+)
 from torch_ntm.config import ConfigError, differing_keys
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.overrides import apply_overrides
@@ -205,10 +215,22 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
     configs = _point_configs(task, preset, sets, points)
 
     out = Path(out) if out is not None else default_out(task)
+    with lock_run(out, "running a sweep into this folder"):  # one at a time writes its logs
+        return _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequences,
+                      jobs, ray_address, gpus_per_run, grid, echo)
+
+
+def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequences, jobs,
+           ray_address, gpus_per_run, grid, echo) -> dict:
+    """`run_sweep` once its arguments are checked, holding the lock of ``out``."""
     seed_range = range(first_seed, first_seed + seeds)
     runs = [_SeedRun(p, s, out / p.name / f"seed-{s}",
                      [*sets, *p.overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"])
             for p in points for s in seed_range]
+    for run in runs:  # OUT/POINT/seed-S: not a link planted in the sweep's folder
+        if run.point.name:
+            own_folder(out / run.point.name)
+        own_folder(run.run_dir)
     # What each folder holds decides what to do: a complete run is reused, an incomplete one
     # resumed, anything else started afresh (a sweep can be continued by running it again).
     for run in runs:
@@ -241,9 +263,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
     else:
         report.update(summaries[0])
         text = format_report(report, title)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
-    (out / "report.md").write_text(text + "\n")
+    atomic_write(out / "report.json", (json.dumps(_finite(report), indent=2) + "\n").encode())
+    atomic_write(out / "report.md", (text + "\n").encode())
     if stopped is not None:
         raise stopped
     return report
@@ -352,8 +373,8 @@ def _start_training(argv: list[str], log: Path, append: bool) -> subprocess.Pope
     """``python argv`` (`_train_argv`) in a child process with one thread, its output in
     ``log``; in a session of its own, so that Ctrl-C reaches the sweep only, which stops the
     children once (SIGTERM: each saves a checkpoint that a continued sweep resumes)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab" if append else "wb") as f:
+    own_folder(log.parent)
+    with open_own(log, append=append) as f:
         return subprocess.Popen([sys.executable, *argv], stdout=f, stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"},
                                 start_new_session=True, preexec_fn=_terminate_with_parent)
@@ -558,9 +579,10 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     if name.startswith("seed-") and name[5:].lstrip("-").isdigit():
         row["seed"] = int(name[5:])
     try:
-        record = json.loads((run_dir / CHECKPOINT_JSON).read_text())
-    except (OSError, ValueError):  # not started, or failed before its first checkpoint
-        record = {}
+        record = json.loads(read_own(run_dir / CHECKPOINT_JSON, MAX_RECORD_BYTES,
+                                     CHECKPOINT_JSON))
+    except (OSError, ValueError, CheckpointError):  # not started, or failed before its first
+        record = {}  # checkpoint
     config = record.get("config", {})
     row["seed"] = config.get("seed", row["seed"])
     row["nan_steps"] = int(record.get("extra", {}).get("nan_steps", 0))

@@ -28,6 +28,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torch_ntm.checkpoint import (
     CheckpointError,
     KeptWeights,
+    atomic_write,
     load_checkpoint,
     lock_run,
     save_checkpoint,
@@ -521,7 +522,7 @@ class _Run:
             run_dir.mkdir(parents=True, exist_ok=True)
             resume_at = (self.state.step, self.state.sequences) if resume else None
             self.log = MetricsLog(run_dir, self.task.extra_metrics, resume_at)  # checks it
-            (run_dir / "config.json").write_text(config.to_json() + "\n")
+            atomic_write(run_dir / "config.json", (config.to_json() + "\n").encode())
         self.train_model = self.world.wrap(self.model)
         # Every rank validates the whole (small) set, so all reach the same stopping decision.
         self.val_batches = validation_batches(config, self.task)
