@@ -906,6 +906,59 @@ def test_a_resume_that_fails_under_a_file_size_limit_keeps_config_json(run):
     assert not list(run.glob("*.tmp"))
 
 
+# -- Export: the destination's lock, and no run or shipped model replaced unless asked ---------
+
+def test_export_onto_a_run_is_refused_and_the_run_still_resumes(run, tmp_path, capsys):
+    """Exported onto a training run, it removed the run's training state and best weights."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    before = snapshot(other)
+    err = one_line_error(capsys, ["pretrained", "export", str(run), "other", "--dest",
+                                  str(tmp_path)])
+    assert f"{other}: holds a training run" in err and "--overwrite" in err
+    assert snapshot(other) == before
+    assert main(["train", "copy", "--resume", str(other), *RESUME]) == 0
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    err = one_line_error(capsys, ["pretrained", "export", str(run), "mine", "--dest",
+                                  str(tmp_path)])
+    assert "holds files that are not an export (notes.txt)" in err
+    assert main(["pretrained", "export", str(run), "other", "--dest", str(tmp_path),
+                 "--overwrite"]) == 0
+    assert "train_state" not in json.loads((other / "checkpoint.json").read_text())
+
+
+def test_export_replaces_an_earlier_export_but_a_shipped_model_only_with_overwrite(
+        run, tmp_path, capsys, monkeypatch):
+    from torch_ntm import pretrained
+
+    zoo = tmp_path / "zoo"
+    for _ in range(2):  # an earlier export in --dest is replaced
+        assert main(["pretrained", "export", str(run), "tiny", "--dest", str(zoo)]) == 0
+    monkeypatch.setattr(pretrained, "ROOT", zoo)  # as if shipped
+    before = snapshot(zoo)
+    err = one_line_error(capsys, ["pretrained", "export", str(run), "tiny"])
+    assert "pretrained model 'tiny' is shipped with torch-ntm" in err and "--overwrite" in err
+    assert snapshot(zoo) == before
+    assert main(["pretrained", "export", str(run), "tiny", "--overwrite"]) == 0
+
+
+def test_an_export_waits_for_no_one_it_is_refused_while_the_folder_is_locked(run, tmp_path,
+                                                                            capsys):
+    import fcntl
+
+    target = tmp_path / "zoo" / "tiny"
+    target.mkdir(parents=True)
+    with open(target / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        err = one_line_error(capsys, ["pretrained", "export", str(run), "tiny", "--dest",
+                                      str(tmp_path / "zoo")])
+    assert "another process is writing this folder" in err
+    assert [p.name for p in target.iterdir()] == [".lock"]
+
+
 # -- Documented options: one line, not a traceback ---------------------------------------------
 
 @pytest.mark.parametrize("task, item, message", [

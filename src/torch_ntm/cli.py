@@ -118,6 +118,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("name", metavar="NAME")
     q.add_argument("--dest", type=Path, default=None, metavar="DIR",
                    help="write DIR/NAME instead of into the installed package")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace a shipped model, or a folder that holds a run or other files "
+                   "(an earlier export in --dest is replaced without it)")
 
     p = sub.add_parser("sweep", help="train one task with several seeds and report reliability")
     p.add_argument("task", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
@@ -480,7 +483,7 @@ def _cmd_pretrained(args) -> int:
     from torch_ntm.evaluate import format_table
 
     if args.action == "export":
-        path = pretrained.export(args.run, args.name, dest=args.dest)
+        path = pretrained.export(args.run, args.name, dest=args.dest, overwrite=args.overwrite)
         print(f"exported {args.run} as {args.name!r}: {path}")
         return 0
     names = pretrained.names()
