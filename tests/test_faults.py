@@ -1144,3 +1144,14 @@ def test_a_second_sweep_into_the_same_folder_is_refused_and_truncates_nothing(tm
     assert "another process is running a sweep into this folder" in err
     assert (out / "seed-0" / "train.log").read_text() == "the first sweep's log\n"
     assert not (out / "seed-0" / "checkpoint.json").exists()
+
+
+def test_ray_at_a_dead_address_is_one_line_without_hanging(tmp_path):
+    """`--ray` to a dead address hung for over 200 s."""
+    pytest.importorskip("ray")
+    result = ntm("sweep", "copy", "--seeds", "1", "--ray", "127.0.0.1:1", "--out",
+                 str(tmp_path / "sweep"), timeout=90)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("ntm: error: --ray 127.0.0.1:1: no Ray cluster "
+                                                 "answers there"), line

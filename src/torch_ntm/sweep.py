@@ -204,7 +204,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         if key in _OWN_KEYS:
             raise ConfigError(f"--set {key}: the sweep sets {key} itself; use {_OWN_KEYS[key]}")
     if ray_address is not None:
-        _import_ray()  # a missing Ray is a mistake to report before anything runs
+        _import_ray()  # a missing Ray, or no cluster there, is a mistake to report before
+        _check_ray_address(ray_address)  # anything runs
     points = parse_grid(grid)
     given = {item.partition("=")[0].strip() for item in overrides}
     for item in points[0].overrides:  # every point has every grid key
@@ -491,6 +492,29 @@ def _train_on_worker(argv: list[str], log: str, append: bool) -> tuple[int, floa
         if previous is not None:  # the worker runs other tasks afterwards
             signal.signal(signal.SIGINT, previous)
     return proc.returncode, time.perf_counter() - started, platform.node()
+
+
+# How long a sweep waits for the cluster at --ray HOST:PORT to answer (ray.init itself retried
+# a dead address for minutes)
+_RAY_CONNECT_SECONDS = 10
+
+
+def _check_ray_address(address: str) -> None:
+    """Raise `ConfigError` if nothing answers at ``address`` (``HOST:PORT`` or
+    ``ray://HOST:PORT``) within `_RAY_CONNECT_SECONDS`; ``local``, ``auto`` and other forms are
+    left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), _RAY_CONNECT_SECONDS):
+            pass
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--ray {address}: no Ray cluster answers there ({e}); check the "
+                          f"address, start one with ray start --head, or use --ray (a new local "
+                          f"instance)") from None
 
 
 def _import_ray():
