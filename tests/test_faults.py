@@ -1155,3 +1155,27 @@ def test_ray_at_a_dead_address_is_one_line_without_hanging(tmp_path):
     line = result.stderr.strip().splitlines()
     assert len(line) == 1 and line[0].startswith("ntm: error: --ray 127.0.0.1:1: no Ray cluster "
                                                  "answers there"), line
+
+
+TENSORBOARD_CANNOT_WRITE = """
+import sys
+from tensorboard.summary.writer import record_writer
+def write(self, data):
+    raise PermissionError(13, "Permission denied", "tb/events.out.tfevents")
+record_writer.RecordWriter.write = write
+from torch_ntm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_tensorboard_that_cannot_write_is_one_line_without_a_thread_traceback(tmp_path):
+    """A one-line permission error was followed by the traceback of TensorBoard's writer
+    thread."""
+    pytest.importorskip("tensorboard")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", TENSORBOARD_CANNOT_WRITE,
+                             *train_argv(tmp_path / "run")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == "ntm: error: [Errno 13] Permission denied: " \
+                                    "'tb/events.out.tfevents'"

@@ -77,6 +77,24 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _quiet_tensorboard_threads() -> None:
+    """Leave the errors of TensorBoard's writer thread (a folder it may not write, a full disk)
+    to the main thread, which TensorBoard raises them in at its next write or flush (the
+    command line's one line), instead of also printing the thread's traceback."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "tensorboard_quiet", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            previous(args)
+
+    hook.tensorboard_quiet = True
+    threading.excepthook = hook
+
+
 class MetricsLog:
     """Appends rows to ``run_dir/metrics.csv`` and TensorBoard.
 
@@ -108,6 +126,7 @@ class MetricsLog:
             # Points are logged at their sequence count, so the purge counts sequences (by the
             # step, every resume wiped the points from that many sequences on: most of them).
             purge = None if resume_at is None else resume_at[1] + 1
+            _quiet_tensorboard_threads()
             self.tb = SummaryWriter(str(own_folder(run_dir / "tb")), purge_step=purge)
         except ImportError:
             pass
