@@ -83,7 +83,7 @@ def _save(fig, path: Path) -> Path:
 
     from torch_ntm.checkpoint import atomic_write
 
-    data = io.BytesIO()
+    path, data = Path(path), io.BytesIO()  # a str too, as the docs pass it
     try:
         fig.savefig(data, dpi=110, format=path.suffix.lstrip(".") or None)
     finally:
