@@ -876,6 +876,17 @@ def test_weights_linked_to_an_outside_copy_with_their_hash_are_not_read(run, tmp
         load_checkpoint(run)
 
 
+def test_metrics_csv_linked_outside_is_not_read(run, tmp_path, capsys):
+    """The plots read a metrics.csv linked to a file outside the run."""
+    import shutil
+
+    copy = tmp_path / "outside.csv"
+    shutil.copy(run / "metrics.csv", copy)
+    plant("symlink", run / "metrics.csv", copy)
+    err = one_line_error(capsys, ["curves", str(run), "--out", str(tmp_path / "c.png")])
+    assert f"{run / 'metrics.csv'}: is a symbolic link" in err
+
+
 def test_overwrite_refuses_a_folder_whose_config_and_metrics_are_not_a_runs(tmp_path, capsys):
     """`--overwrite` on a folder that holds no run deleted the user's config.json and
     metrics.csv."""
@@ -1070,6 +1081,14 @@ def test_sizes_that_would_not_fit_in_memory_are_refused_before_the_run(tmp_path,
     err = one_line_error(capsys, train_argv(out, "--set", item, *extra))
     assert message in err
     assert not out.exists()
+
+
+def test_evaluate_refuses_sequences_that_would_not_fit_in_memory(run, capsys):
+    """--sequences 10^8 drew every sequence of a size at once."""
+    err = one_line_error(capsys, ["evaluate", str(run), "--lengths", "2", "--sequences",
+                                  "100000000"])
+    assert "--lengths 2 (--sequences 100,000,000 sequences of 5 steps x 9 channels) needs " in err
+    assert "more than the limit of 2 GiB: lower --sequences" in err
 
 
 # -- Hand-edited records ------------------------------------------------------------------------

@@ -349,7 +349,7 @@ def _checkpoint_arg(args) -> Path:
 
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_steps
+    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_set_size, check_steps
     from torch_ntm.engines import prepare
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
@@ -385,6 +385,8 @@ def _cmd_evaluate(args) -> int:
                         "choose shorter lengths" + (" or fewer repeats" if shown else ""),
                         MAX_EVAL_STEPS)
     num = args.sequences or 100
+    for size in sizes:  # each size's sequences are drawn at once
+        check_set_size(task.held_out().with_size(size), num, f"--lengths {size}", "--sequences ")
     if args.repeats is None:
         rows = evaluate_sizes(model, task, sizes, num_sequences=num)
     else:  # one row per (length, repeats), lengths first
@@ -402,14 +404,16 @@ def _cmd_evaluate(args) -> int:
 
 def _evaluate_episodes(args, model, task) -> int:
     """`ntm evaluate` of a label task (Omniglot): accuracy by instance on held-out episodes."""
-    from torch_ntm.config import ConfigError
+    from torch_ntm.config import ConfigError, check_set_size
     from torch_ntm.evaluate import HELD_OUT_EPISODES, evaluate_episodes
 
     if args.lengths is not None:
         raise ConfigError(f"--lengths does not apply to {task.name}: it is scored by accuracy at "
                           f"each instance of a class; change the episodes with --task-set "
                           f"instances=N")
-    row = evaluate_episodes(model, task, args.sequences or HELD_OUT_EPISODES)
+    episodes = args.sequences or HELD_OUT_EPISODES
+    check_set_size(task.held_out(), episodes, "the held-out episodes", "--sequences ")
+    row = evaluate_episodes(model, task, episodes)
     if args.json:
         accuracy = {str(k): v for k, v in row.pop("accuracy_by_instance").items()}
         print(json.dumps({"task": task.name, "split": _split(task),

@@ -23,7 +23,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
-    "check_data_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
+    "check_data_size", "check_set_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
     "check_resume", "list_kind", "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
@@ -490,13 +490,20 @@ def check_data_size(config: TrainConfig, source: str = "config") -> None:
             *((f"the validation set of {what}", "eval_size_sequences", each)
               for _, what, _, each in config._generalisation(source))]
     for what, key, each in sets:
-        count, steps, width = getattr(config, key), _steps(each), each.input_size + each.output_size
-        need = count * steps * (width + 1) * 4
-        if need > MAX_DATA_BYTES:
-            raise ConfigError(f"{source}: {what} ({key}={count:,} sequences of {steps:,} steps x "
-                              f"{width:,} channels) needs {need / 2**30:.3g} GiB, more than the "
-                              f"limit of {MAX_DATA_BYTES / 2**30:g} GiB: lower {key}, or the "
-                              f"task's size or width")
+        check_set_size(each, getattr(config, key), f"{source}: {what}", f"{key}=")
+
+
+def check_set_size(task, count: int, what: str, key: str) -> None:
+    """Raise `ConfigError` if ``count`` sequences of ``task`` (held in memory at once, as a
+    validation or evaluation set is) would take more than `MAX_DATA_BYTES`; ``what`` names the
+    set and ``key`` the setting that gives ``count`` (``"eval_sequences="``, ``"--sequences "``)."""
+    steps, width = _steps(task), task.input_size + task.output_size
+    need = count * steps * (width + 1) * 4  # float32 inputs, targets and the mask
+    if need > MAX_DATA_BYTES:
+        raise ConfigError(f"{what} ({key}{count:,} sequences of {steps:,} steps x {width:,} "
+                          f"channels) needs {need / 2**30:.3g} GiB, more than the limit of "
+                          f"{MAX_DATA_BYTES / 2**30:g} GiB: lower {key.strip(' =')}, or the "
+                          f"task's size or width")
 
 
 def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,

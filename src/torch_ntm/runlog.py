@@ -29,6 +29,8 @@ from pathlib import Path
 __all__ = ["FIELDS", "MetricsLog", "read_metrics"]
 
 FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
+# The most a metrics.csv may hold (a row is about 80 bytes: millions of rows)
+MAX_METRICS_BYTES = 1 << 30
 _VALUES = FIELDS[4:]
 
 
@@ -41,16 +43,19 @@ def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict
             or a row's ``step`` or ``sequences`` is not an integer, or another of its numbers
             not a number (an empty cell is none).
     """
-    from torch_ntm.checkpoint import CheckpointError
+    from torch_ntm.checkpoint import CheckpointError, read_own
 
     path = Path(path)
-    if not path.exists():
+    try:  # a regular file of the run's, not a link, of a bounded size
+        text = read_own(path, MAX_METRICS_BYTES, "metrics.csv").decode("utf-8")
+    except FileNotFoundError:
         return []
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-    except (UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+    except csv.Error as e:
         raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
     if reader.fieldnames is None:
         return []  # empty: not a row written yet
