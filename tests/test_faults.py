@@ -834,6 +834,16 @@ def test_figures_or_tb_linked_outside_are_refused_and_left_alone(run, tmp_path, 
     assert snapshot(outside) == before
 
 
+def test_overwrite_checks_every_file_it_would_remove_before_removing_any(run, tmp_path, capsys):
+    victim = outside_file(tmp_path, "io.png")
+    (run / "figures").mkdir(exist_ok=True)
+    plant("symlink", run / "figures" / "io.png", victim)
+    before = snapshot(run)
+    err = one_line_error(capsys, train_argv(run, "--overwrite"))
+    assert "figures/io.png is not (a link" in err
+    assert snapshot(run) == before and victim.read_bytes() == b"the user's own file"
+
+
 def test_a_sweep_writes_no_log_or_report_through_a_link(tmp_path, capsys):
     """A sweep's seed-0/train.log linked outside was truncated and written; so was report.md."""
     victim = outside_file(tmp_path)

@@ -81,8 +81,8 @@ _FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
 # The most a checkpoint.json may hold (a record is a few kB: config, counters, metrics)
 MAX_RECORD_BYTES = 16 << 20
 # The most a weights, training-state or best file may hold: the largest model a config may
-# build (`torch_ntm.config.MAX_PARAMETER_BYTES`) with its optimizer's state (two tensors of its
-# size), the average of the weights, and room to spare.
+# build (`torch_ntm.config.MAX_PARAMETERS` float32 parameters, 1 GiB) with its optimizer's state
+# (up to three tensors of its size), the average of the weights, and room to spare.
 MAX_TENSOR_FILE_BYTES = 8 << 30
 # Temporary files of `atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
 _TEMPORARY = re.compile(r"\.(checkpoint\.json|config\.json|metrics\.csv|"
@@ -454,6 +454,15 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
         st = _lstat(run_dir / name)
         if st is not None and not stat.S_ISDIR(st.st_mode):
             found.append(name)
+    # and inside them, what clear_run would remove: checked before anything is removed
+    inside = [run_dir / "figures" / name for name in RUN_FIGURES]
+    if "tb" not in found and (run_dir / "tb").is_dir():
+        inside += sorted((run_dir / "tb").glob("events.out.tfevents.*"))
+    for path in inside:
+        try:
+            _check_writable(path)
+        except CheckpointError:
+            found.append(str(path.relative_to(run_dir)))
     return found
 
 

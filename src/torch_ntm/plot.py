@@ -273,13 +273,13 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
 
     json_path = find_checkpoint(run_or_checkpoint)
     ckpt = load_checkpoint(json_path)
-    if out_dir is not None:
+    if out_dir is not None:  # the user's choice of folder (a link to one too)
         out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
     elif json_path.parent.parent.resolve() == pretrained.ROOT.resolve():
-        out = Path(f"figures-{json_path.parent.name}")
+        out = own_folder(f"figures-{json_path.parent.name}")
     else:
-        out = json_path.parent / "figures"
-    own_folder(out)  # never through a link planted in the run
+        out = own_folder(json_path.parent / "figures")  # never through a link planted in a run
     task = ckpt.task()
     size = size or task.train_size
     # The rows it runs with: those asked for; beyond the training size the run's generalisation
