@@ -431,17 +431,18 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
     (``checkpoint.json`` without the checkpoint marker, a ``config.json`` that is not a config,
     a ``metrics.csv`` without its columns), or that are links or not regular files (a folder:
     ``figures`` or ``tb`` that is a link or a file): what ``--overwrite`` must not remove."""
-    from torch_ntm.runlog import FIELDS
+    from torch_ntm.runlog import FIELDS, MAX_METRICS_BYTES
 
     run_dir = Path(run_dir)
     found = []
-    for name, looks_like in ((CHECKPOINT_JSON, lambda d: json.loads(d).get("format") == FORMAT),
-                             ("config.json", lambda d: {"task", "task_params", "preset"}
-                              <= set(json.loads(d))),
-                             ("metrics.csv", lambda d: not d or
-                              d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS)):
+    for name, limit, looks_like in (
+            (CHECKPOINT_JSON, MAX_RECORD_BYTES, lambda d: json.loads(d).get("format") == FORMAT),
+            ("config.json", MAX_RECORD_BYTES,
+             lambda d: {"task", "task_params", "preset"} <= set(json.loads(d))),
+            ("metrics.csv", MAX_METRICS_BYTES,
+             lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS)):
         try:
-            data = read_own(run_dir / name, MAX_RECORD_BYTES, name)
+            data = read_own(run_dir / name, limit, name)
             _check_writable(run_dir / name)
             if not looks_like(data):
                 found.append(name)
