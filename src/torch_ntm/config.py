@@ -486,7 +486,7 @@ def check_data_size(config: TrainConfig, source: str = "config") -> None:
     ``eval_size_sequences``) if its sequences would take more than `MAX_DATA_BYTES`."""
     task = config.task_params
     sets = [("a training batch", "batch_size", task.with_size(task.train_size)),
-            ("the validation set", "eval_sequences", task.held_out().with_size(task.train_size)),
+            ("the validation set", "eval_sequences", task.validation().with_size(task.train_size)),
             *((f"the validation set of {what}", "eval_size_sequences", each)
               for _, what, _, each in config._generalisation(source))]
     for what, key, each in sets:
