@@ -17,13 +17,8 @@ A record is not trusted: the file names it gives must be plain names of the two 
 (nothing outside the run directory is read or removed), each with its SHA-256, and a named file
 must be a regular file.
 
-One rule for every file the program writes, removes or reads in a run or sweep directory (these
-files, ``config.json``, ``metrics.csv``, ``tb/``, ``figures/``, a sweep's logs and reports, the
-lock, an export): it is a regular file (or folder) of the run's own, never a symbolic link, and
-one it writes or removes is not hard-linked to another name either; a new version is written to
-a temporary name and renamed into place. A planted link is refused with one line
-(`CheckpointError`) and left alone. `atomic_write`, `remove_file`, `open_own`, `own_folder` and
-`read_own` are the helpers that apply it; every read is bounded (`read_own`'s limit).
+Every file of a run is written, removed and read by the rule of `torch_ntm.runfiles` (never
+through a link; atomically; every read bounded), whose helpers this module re-exports.
 """
 
 from __future__ import annotations
@@ -37,8 +32,6 @@ import json
 import math
 import os
 import re
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -50,6 +43,16 @@ from torch import nn
 
 from torch_ntm.config import ConfigError, TrainConfig
 from torch_ntm.factories import build_model, build_task, model_config
+from torch_ntm.runfiles import (
+    CheckpointError,
+    atomic_write,
+    check_own,
+    open_own,
+    own_folder,
+    read_own,
+    refuse_foreign,
+    remove_file,
+)
 
 __all__ = [
     "atomic_write",
@@ -97,158 +100,8 @@ class KeptWeights(NamedTuple):
     metrics: dict  # the validation's
 
 
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used; the message names the file and the problem."""
-
-
 def _sha256(data: bytes) -> str:
     return hashlib.sha256(data).hexdigest()
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def _refuse_foreign(path: Path, st: os.stat_result, write: bool = True) -> None:
-    """Raise `CheckpointError` unless ``st`` (``path``'s `os.lstat`) is a regular file of the
-    run's own: not a symbolic link, and (``write``: to write or remove it) not hard-linked."""
-    if stat.S_ISLNK(st.st_mode):
-        raise CheckpointError(f"{path}: is a symbolic link; torch-ntm never reads or writes "
-                              f"through a link in a run: remove the link (its target is left "
-                              f"alone)")
-    if not stat.S_ISREG(st.st_mode):
-        raise CheckpointError(f"{path}: not a regular file; remove it or choose another "
-                              f"directory")
-    if write and st.st_nlink > 1:
-        raise CheckpointError(f"{path}: is hard-linked ({st.st_nlink} names for one file); "
-                              f"torch-ntm writes or removes only a run's own files: remove "
-                              f"this name (the other ones keep the file)")
-
-
-def _lstat(path: Path) -> os.stat_result | None:
-    try:
-        return os.lstat(path)
-    except FileNotFoundError:
-        return None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
-
-
-def _check_writable(path: Path) -> None:
-    """`_refuse_foreign` for a file about to be written or removed (nothing if it is absent)."""
-    st = _lstat(path)
-    if st is not None:
-        _refuse_foreign(path, st)
-
-
-def remove_file(path: str | os.PathLike) -> None:
-    """Remove ``path`` if it is there; a link or other foreign file is refused, and kept."""
-    path = Path(path)
-    _check_writable(path)
-    path.unlink(missing_ok=True)
-
-
-def own_folder(path: str | os.PathLike) -> Path:
-    """The folder ``path`` of a run (``figures/``, ``tb/``, a sweep's ``seed-S/``), made if it is
-    not there (with its parents); a symbolic link or a file in its place is refused."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        os.mkdir(path)
-    except FileExistsError:
-        pass
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot make the folder ({e.strerror})") from None
-    st = _lstat(path)
-    if st is not None and stat.S_ISLNK(st.st_mode):
-        raise CheckpointError(f"{path}: is a symbolic link; torch-ntm never writes through a "
-                              f"link in a run: remove the link (its target is left alone)")
-    if st is None or not stat.S_ISDIR(st.st_mode):
-        raise CheckpointError(f"{path}: exists and is not a directory; remove it or choose "
-                              f"another directory")
-    return path
-
-
-def open_own(path: str | os.PathLike, append: bool = True):
-    """``path`` opened for writing (binary; appending, or replacing what it held), created if
-    absent; a link or other foreign file in its place is refused, and kept."""
-    path = Path(path)
-    if not append:
-        remove_file(path)
-    try:
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o666)
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            _refuse_foreign(path, os.lstat(path))
-        raise
-    try:
-        _refuse_foreign(path, os.fstat(fd))
-    except BaseException:
-        os.close(fd)
-        raise
-    return os.fdopen(fd, "ab")
-
-
-def read_own(path: str | os.PathLike, limit: int, what: str, digest=None) -> bytes:
-    """The bytes of ``path``, a regular file of at most ``limit`` bytes (``what`` says which
-    kind, for the message), read in blocks that update ``digest`` (a hashlib object) if given.
-
-    Raises:
-        FileNotFoundError: ``path`` is not there.
-        CheckpointError: a symbolic link, a FIFO, a device or a folder; or larger than
-            ``limit``; or unreadable.
-    """
-    path = Path(path)
-    try:  # O_NONBLOCK: a FIFO opens at once (and is then refused) instead of waiting for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
-    except FileNotFoundError:
-        raise
-    except OSError as e:
-        if e.errno == errno.ELOOP:
-            _refuse_foreign(path, os.lstat(path), write=False)
-        raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(fd)
-        _refuse_foreign(path, st, write=False)
-        if st.st_size > limit:
-            raise CheckpointError(f"{path}: is {st.st_size:,} bytes, more than the {limit:,} "
-                                  f"a {what} may hold; it is not one")
-        data = bytearray()
-        try:
-            for block in iter(lambda: f.read(1 << 20), b""):
-                data += block
-                if digest is not None:
-                    digest.update(block)
-                if len(data) > limit:  # grown since fstat
-                    raise CheckpointError(f"{path}: holds more than the {limit:,} bytes a "
-                                          f"{what} may hold; it is not one")
-        except OSError as e:
-            raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
-    return bytes(data)
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is either the old or the complete new file.
-
-    A link or other foreign file at ``path`` is refused (`CheckpointError`) and kept."""
-    path = Path(path)
-    _check_writable(path)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give what open() would
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
 
 
 def _cpu_contiguous(tensors: dict) -> dict:
@@ -394,11 +247,11 @@ def lock_run(run_dir: str | os.PathLike, holder: str = "training into this run d
             fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as e:
         if e.errno == errno.ELOOP:  # a link planted as the lock: its target is not created
-            _refuse_foreign(run_dir / LOCK, os.lstat(run_dir / LOCK))
+            refuse_foreign(run_dir / LOCK, os.lstat(run_dir / LOCK))
         raise CheckpointError(f"{run_dir}: cannot write the run directory ({e.strerror})") from None
     if fd is not None:
         try:
-            _refuse_foreign(run_dir / LOCK, os.fstat(fd))
+            refuse_foreign(run_dir / LOCK, os.fstat(fd))
         except CheckpointError:
             os.close(fd)
             raise
@@ -443,7 +296,7 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
              lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS)):
         try:
             data = read_own(run_dir / name, limit, name)
-            _check_writable(run_dir / name)
+            check_own(run_dir / name)
             if not looks_like(data):
                 found.append(name)
         except FileNotFoundError:
@@ -452,8 +305,8 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
                 RecursionError):
             found.append(name)
     for name in ("figures", "tb"):
-        st = _lstat(run_dir / name)
-        if st is not None and not stat.S_ISDIR(st.st_mode):
+        path = run_dir / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
             found.append(name)
     # and inside them, what clear_run would remove: checked before anything is removed
     inside = [run_dir / "figures" / name for name in RUN_FIGURES]
@@ -461,7 +314,7 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
         inside += sorted((run_dir / "tb").glob("events.out.tfevents.*"))
     for path in inside:
         try:
-            _check_writable(path)
+            check_own(path)
         except CheckpointError:
             found.append(str(path.relative_to(run_dir)))
     return found

@@ -43,7 +43,7 @@ def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict
             or a row's ``step`` or ``sequences`` is not an integer, or another of its numbers
             not a number (an empty cell is none).
     """
-    from torch_ntm.checkpoint import CheckpointError, read_own
+    from torch_ntm.runfiles import CheckpointError, read_own
 
     path = Path(path)
     try:  # a regular file of the run's, not a link, of a bounded size
@@ -111,7 +111,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, extra_fields: tuple[str, ...] = (),
                  resume_at: tuple[int, int] | None = None):
-        from torch_ntm.checkpoint import atomic_write, own_folder
+        from torch_ntm.runfiles import atomic_write, own_folder
 
         self.path = run_dir / "metrics.csv"
         self.fields = [*FIELDS, *extra_fields]
@@ -141,7 +141,7 @@ class MetricsLog:
         the extra fields)."""
         row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
                "split": split, **{k: f"{values[k]:.6g}" for k in self.values if k in values}}
-        from torch_ntm.checkpoint import open_own
+        from torch_ntm.runfiles import open_own
 
         text = io.StringIO(newline="")
         csv.DictWriter(text, self.fields).writerow(row)
