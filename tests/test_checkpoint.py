@@ -216,7 +216,7 @@ def test_a_failed_write_leaves_the_previous_checkpoint_intact(run_dir, monkeypat
 def test_checkpoint_files_get_the_usual_permissions(run_dir):
     import os
 
-    from torch_ntm.checkpoint import _UMASK
+    from torch_ntm.runfiles import _UMASK
 
     for path in run_dir.iterdir():
         if path.suffix in (".json", ".safetensors"):

@@ -7,6 +7,7 @@ outside what the run owns.
 
 import hashlib
 import json
+import math
 import os
 import subprocess
 import sys
@@ -154,14 +155,14 @@ def test_a_fifo_or_device_as_weights_is_refused_without_hanging(run, tmp_path):
     assert "not a regular file" in done.stderr
     weights.unlink()
     weights.symlink_to("/dev/zero")
-    with pytest.raises(CheckpointError, match="not a regular file"):
+    with pytest.raises(CheckpointError, match="is a symbolic link"):
         load_checkpoint(run)
 
 
 @pytest.mark.parametrize("changes, message", [
-    ({"step": "abc"}, "step must be an integer >= 0"),
-    ({"step": -1}, "step must be an integer >= 0"),
-    ({"sequences": 1.5}, "sequences must be an integer >= 0"),
+    ({"step": "abc"}, "step must be an integer from 0 to 2**63 - 1"),
+    ({"step": -1}, "step must be an integer from 0 to 2**63 - 1"),
+    ({"sequences": 1.5}, "sequences must be an integer from 0 to 2**63 - 1"),
     ({"elapsed_s": "x"}, "elapsed_s must be a number"),
     ({"metrics": [1, 2]}, "metrics must be an object of numbers"),
     ({"metrics": {"bit_errors": "none"}}, "metrics must be an object of numbers"),
@@ -263,7 +264,7 @@ def test_a_run_stopped_before_its_first_checkpoint_says_to_start_it_again(tmp_pa
     """Neither message said why: 'no such checkpoint' and 'is not empty'."""
     run = tmp_path / "run"
     run.mkdir()
-    (run / "config.json").write_text("{}")
+    (run / "config.json").write_text(tiny_config().to_json())
     (run / "metrics.csv").write_text("")
     err = one_line_error(capsys, ["train", "copy", "--resume", str(run)])
     assert err.rstrip().endswith(f"its run was stopped before its first checkpoint: start it "
@@ -478,7 +479,7 @@ def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(tmp_path
     assert a.metrics == b.metrics
 
 
-@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM"])
+@pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])  # SIGHUP saved nothing
 def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, signame):
     import signal
     import time
@@ -488,7 +489,8 @@ def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, 
                         "--set", "log_every=1")]
     env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "torch_ntm", *argv], env=env,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGHUP, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:  # until it is training: a few rows in metrics.csv
         csv = out / "metrics.csv"
@@ -616,10 +618,11 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, uninte
 
 
 @pytest.mark.parametrize("k, when", [
-    (2, "before"),  # the first save's weights file, before its rename: no checkpoint yet
-    (5, "after"),  # the first checkpoint.json renamed, superseded files not yet removed
-    (6, "after"), (7, "after"),  # the second save: its weights, its training state
-    (9, "before")])  # its checkpoint.json, complete under its temporary name
+    (2, "before"),  # config.json, before its rename (metrics.csv is the first)
+    (3, "before"),  # the first save's weights file, before its rename: no checkpoint yet
+    (6, "after"),  # the first checkpoint.json renamed, superseded files not yet removed
+    (7, "after"), (8, "after"),  # the second save: its weights, its training state
+    (10, "before")])  # its checkpoint.json, complete under its temporary name
 def test_sigkill_inside_a_save_then_resume_is_bit_identical(tmp_path, uninterrupted, k, when):
     import signal
 
@@ -773,3 +776,435 @@ def test_evaluating_no_batches_is_a_clear_error():
 
     with pytest.raises(ValueError, match="no batches to evaluate"):
         evaluate_batches(NTM(9, 8), [])
+
+
+# -- Run directories II: nothing written, removed or read through a planted link ---------------
+
+RESUME = ["--no-plots", "--no-progress", "--set", "max_sequences=8"]
+
+
+def outside_file(tmp_path: Path, name: str = "victim.txt") -> Path:
+    """A file of the user's outside the run, that a link planted in the run points to."""
+    victim = tmp_path / "outside" / name
+    victim.parent.mkdir(exist_ok=True)
+    victim.write_bytes(b"the user's own file")
+    return victim
+
+
+def plant(link: str, path: Path, target: Path) -> None:
+    """Put ``link`` ("symlink" or "hardlink") to ``target`` at ``path`` (replacing a file)."""
+    if path.is_file() and not path.is_symlink():
+        path.unlink()
+    if link == "symlink":
+        path.symlink_to(target)
+    else:
+        os.link(target, path)
+
+
+@pytest.mark.parametrize("link", ["symlink", "hardlink"])
+def test_config_json_linked_outside_is_refused_at_resume_and_left_alone(run, tmp_path, capsys,
+                                                                       link):
+    """`--resume` wrote config.json through the link: the outside file was overwritten."""
+    victim = outside_file(tmp_path)
+    plant(link, run / "config.json", victim)
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *RESUME])
+    assert f"{run / 'config.json'}: is " in err
+    assert ("symbolic link" if link == "symlink" else "hard-linked") in err
+    assert victim.read_bytes() == b"the user's own file"
+
+
+@pytest.mark.parametrize("folder", ["figures", "tb"])
+def test_figures_or_tb_linked_outside_are_refused_and_left_alone(run, tmp_path, capsys, folder):
+    """`--overwrite` replaced the outside io.png and deleted an outside events file; a resume
+    and `ntm plot` wrote into the outside folder."""
+    import shutil
+
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "io.png").write_bytes(b"mine")
+    (outside / "events.out.tfevents.1.host.2.0").write_bytes(b"mine")
+    shutil.rmtree(run / folder, ignore_errors=True)
+    (run / folder).symlink_to(outside, target_is_directory=True)
+    before = snapshot(outside)
+    err = one_line_error(capsys, train_argv(run, "--overwrite"))
+    assert f"{folder} is not (a link" in err
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *RESUME]
+                         if folder == "tb" else ["plot", str(run)])
+    assert f"{run / folder}: is a symbolic link" in err
+    assert snapshot(outside) == before
+
+
+def test_overwrite_checks_every_file_it_would_remove_before_removing_any(run, tmp_path, capsys):
+    victim = outside_file(tmp_path, "io.png")
+    (run / "figures").mkdir(exist_ok=True)
+    plant("symlink", run / "figures" / "io.png", victim)
+    before = snapshot(run)
+    err = one_line_error(capsys, train_argv(run, "--overwrite"))
+    assert "figures/io.png is not (a link" in err
+    assert snapshot(run) == before and victim.read_bytes() == b"the user's own file"
+
+
+def test_a_sweep_writes_no_log_or_report_through_a_link(tmp_path, capsys):
+    """A sweep's seed-0/train.log linked outside was truncated and written; so was report.md."""
+    victim = outside_file(tmp_path)
+    out = tmp_path / "sweep"
+    (out / "seed-0").mkdir(parents=True)
+    plant("symlink", out / "seed-0" / "train.log", victim)
+    sets = [arg for item in TINY if not item.startswith("max_sequences")
+            for arg in ("--set", item)]
+    argv = ["sweep", "copy", "--seeds", "1", "--sequences", "4", "--out", str(out), *sets]
+    err = one_line_error(capsys, argv)
+    assert f"{out / 'seed-0' / 'train.log'}: is a symbolic link" in err
+    (out / "seed-0" / "train.log").unlink()
+    plant("hardlink", out / "report.md", victim)
+    err = one_line_error(capsys, argv)
+    assert f"{out / 'report.md'}: is hard-linked" in err
+    assert victim.read_bytes() == b"the user's own file"
+    assert load_checkpoint(out / "seed-0").sequences == 4  # the training itself went on
+
+
+def test_a_dangling_lock_link_is_refused_and_its_target_not_created(run, tmp_path, capsys):
+    target = tmp_path / "outside" / "created-by-the-lock"
+    target.parent.mkdir()
+    (run / ".lock").unlink(missing_ok=True)
+    (run / ".lock").symlink_to(target)
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *RESUME])
+    assert f"{run / '.lock'}: is a symbolic link" in err
+    assert not target.exists()
+
+
+def test_weights_linked_to_an_outside_copy_with_their_hash_are_not_read(run, tmp_path):
+    """The module says nothing outside the run is read; a link to a copy of the weights (with
+    the recorded hash) was read."""
+    import shutil
+
+    weights = run / json.loads((run / "checkpoint.json").read_text())["weights"]
+    copy = tmp_path / "outside.safetensors"
+    shutil.copy(weights, copy)
+    plant("symlink", weights, copy)
+    with pytest.raises(CheckpointError, match="is a symbolic link"):
+        load_checkpoint(run)
+
+
+def test_metrics_csv_linked_outside_is_not_read(run, tmp_path, capsys):
+    """The plots read a metrics.csv linked to a file outside the run."""
+    import shutil
+
+    copy = tmp_path / "outside.csv"
+    shutil.copy(run / "metrics.csv", copy)
+    plant("symlink", run / "metrics.csv", copy)
+    err = one_line_error(capsys, ["curves", str(run), "--out", str(tmp_path / "c.png")])
+    assert f"{run / 'metrics.csv'}: is a symbolic link" in err
+
+
+def test_overwrite_refuses_a_folder_whose_config_and_metrics_are_not_a_runs(tmp_path, capsys):
+    """`--overwrite` on a folder that holds no run deleted the user's config.json and
+    metrics.csv."""
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"my": "settings"}')
+    (folder / "metrics.csv").write_text("a,b\n1,2\n")
+    before = snapshot(folder)
+    err = one_line_error(capsys, train_argv(folder, "--overwrite"))
+    assert "config.json, metrics.csv are not (a link, or not what a run writes there)" in err
+    assert snapshot(folder) == before
+
+
+def test_a_resume_that_fails_under_a_file_size_limit_keeps_config_json(run):
+    """config.json was written in place: a file size limit left it truncated."""
+    import resource
+
+    before = (run / "config.json").read_bytes()
+    limit = len(before) // 2
+    assert (run / "metrics.csv").stat().st_size < limit  # metrics.csv is rewritten first
+
+    def small_files():
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    result = ntm("train", "copy", "--resume", str(run), *RESUME, preexec_fn=small_files)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.startswith("ntm: error: [Errno 27] File too large"), result.stderr
+    assert (run / "config.json").read_bytes() == before
+    assert not list(run.glob("*.tmp"))
+
+
+# -- Export: the destination's lock, and no run or shipped model replaced unless asked ---------
+
+def test_export_onto_a_run_is_refused_and_the_run_still_resumes(run, tmp_path, capsys):
+    """Exported onto a training run, it removed the run's training state and best weights."""
+    import shutil
+
+    other = tmp_path / "other"
+    shutil.copytree(run, other)
+    before = snapshot(other)
+    err = one_line_error(capsys, ["pretrained", "export", str(run), "other", "--dest",
+                                  str(tmp_path)])
+    assert f"{other}: holds a training run" in err and "--overwrite" in err
+    assert snapshot(other) == before
+    assert main(["train", "copy", "--resume", str(other), *RESUME]) == 0
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    err = one_line_error(capsys, ["pretrained", "export", str(run), "mine", "--dest",
+                                  str(tmp_path)])
+    assert "holds files that are not an export (notes.txt)" in err
+    assert main(["pretrained", "export", str(run), "other", "--dest", str(tmp_path),
+                 "--overwrite"]) == 0
+    assert "train_state" not in json.loads((other / "checkpoint.json").read_text())
+
+
+def test_export_replaces_an_earlier_export_but_a_shipped_model_only_with_overwrite(
+        run, tmp_path, capsys, monkeypatch):
+    from torch_ntm import pretrained
+
+    zoo = tmp_path / "zoo"
+    for _ in range(2):  # an earlier export in --dest is replaced
+        assert main(["pretrained", "export", str(run), "tiny", "--dest", str(zoo)]) == 0
+    monkeypatch.setattr(pretrained, "ROOT", zoo)  # as if shipped
+    before = snapshot(zoo)
+    err = one_line_error(capsys, ["pretrained", "export", str(run), "tiny"])
+    assert "pretrained model 'tiny' is shipped with torch-ntm" in err and "--overwrite" in err
+    assert snapshot(zoo) == before
+    assert main(["pretrained", "export", str(run), "tiny", "--overwrite"]) == 0
+
+
+def test_an_export_waits_for_no_one_it_is_refused_while_the_folder_is_locked(run, tmp_path,
+                                                                            capsys):
+    import fcntl
+
+    target = tmp_path / "zoo" / "tiny"
+    target.mkdir(parents=True)
+    with open(target / ".lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        err = one_line_error(capsys, ["pretrained", "export", str(run), "tiny", "--dest",
+                                      str(tmp_path / "zoo")])
+    assert "another process is writing this folder" in err
+    assert [p.name for p in target.iterdir()] == [".lock"]
+
+
+# -- Documented options: one line, not a traceback ---------------------------------------------
+
+@pytest.mark.parametrize("task, item, message", [
+    ("omniglot", "task.root=DIR", "must hold the full Omniglot zips"),
+    ("omniglot", "task.rotations=maybe", "task.rotations=maybe: expected a value of type bool, "
+                                         "or none"),
+    ("omniglot", "task.jitter=2", "task.jitter=2: expected a value of type bool, or none"),
+    ("associative_recall", "eval_sizes=1", "eval_sizes=1: associative_recall has no sequences"),
+    ("ngrams", "eval_sizes=1", "eval_sizes=1: ngrams has no sequences of that size"),
+    ("omniglot", "eval_sizes=40", "eval_sizes=40: omniglot has no sequences of that size"),
+])
+def test_documented_options_are_one_line_not_a_traceback(tmp_path, capsys, task, item, message):
+    """task.root (and the task's other optional keys) ended in AttributeError: 'types.UnionType'
+    object has no attribute '__name__'; eval_sizes the task has not, in a ValueError."""
+    out = tmp_path / "run"
+    err = one_line_error(capsys, ["train", task, "--out", str(out), "--no-plots",
+                                  "--no-progress", "--set", item.replace("DIR", str(tmp_path))])
+    assert message in err
+    assert not out.exists()
+
+
+def test_an_optional_task_key_takes_a_value_or_none():
+    from torch_ntm.config import ConfigError
+    from torch_ntm.overrides import apply_overrides
+
+    config = resolve_config("omniglot")
+    changed = apply_overrides(config, ["task.rotations=false", "task.jitter=none"])
+    assert (changed.task_params.rotations, changed.task_params.jitter) == (False, None)
+    with pytest.raises(ConfigError, match="root='/nonexistent' must hold the full Omniglot"):
+        apply_overrides(config, ["root=/nonexistent"], "--task-set", prefix="task.")  # evaluate
+
+
+def test_omniglot_zips_that_are_not_images_name_the_file(tmp_path, capsys):
+    import zipfile
+
+    from torch_ntm.omniglot import read_zips
+
+    pytest.importorskip("PIL")
+    path = tmp_path / "images_background.zip"
+    with zipfile.ZipFile(path, "w") as archive:
+        for d in range(1, 21):
+            archive.writestr(f"b/A/character01/0001_{d:02d}.png", b"not a png")
+    with pytest.raises(ValueError, match=r"images_background.zip: A/character01/0001_01.png is "
+                                         r"not a PNG image Pillow reads"):
+        read_zips([path])
+    (tmp_path / "images_evaluation.zip").write_bytes(b"not a zip")
+    with pytest.raises(ValueError, match="images_evaluation.zip: not a readable zip file"):
+        read_zips([tmp_path / "images_evaluation.zip"])
+    zipfile.ZipFile(tmp_path / "images_evaluation.zip", "w").close()  # a zip, empty
+    err = one_line_error(capsys, ["train", "omniglot", "--out", str(tmp_path / "run"),
+                                  "--set", f"task.root={tmp_path}"])
+    assert "0001_01.png is not a PNG image" in err
+
+
+# -- Every read and size bounded ----------------------------------------------------------------
+
+def test_init_from_a_device_is_refused_without_reading_it(tmp_path, capsys):
+    """init_from=/dev/zero read until the kernel's OOM killer ended the process (23.8 GB)."""
+    import resource
+
+    def no_more_than_4_gib():  # the old code's read must fail here, not fill the machine
+        resource.setrlimit(resource.RLIMIT_DATA, (4 << 30, 4 << 30))
+
+    result = ntm(*train_argv(tmp_path / "run", "--set", "init_from=/dev/zero"), timeout=60,
+                 preexec_fn=no_more_than_4_gib)
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == "ntm: error: /dev/zero: not a regular file; remove it or " \
+                                    "choose another directory"
+
+
+def test_a_fifo_as_checkpoint_json_is_refused_without_hanging(run):
+    (run / "checkpoint.json").unlink()
+    os.mkfifo(run / "checkpoint.json")
+    result = ntm("evaluate", str(run), timeout=60)
+    assert result.returncode == 2, result.stderr
+    assert f"{run / 'checkpoint.json'}: not a regular file" in result.stderr
+
+
+def test_a_huge_sparse_weights_file_is_refused_before_it_is_read(run, monkeypatch):
+    """A 30 GB sparse weights file was read whole before its hash was checked."""
+    from torch_ntm import checkpoint
+
+    monkeypatch.setattr(checkpoint, "MAX_TENSOR_FILE_BYTES", 1 << 20)  # for a small sparse file
+    weights = run / json.loads((run / "checkpoint.json").read_text())["weights"]
+    with open(weights, "r+b") as f:
+        f.truncate(2 << 20)
+    with pytest.raises(CheckpointError, match=r"is 2,097,152 bytes, more than the 1,048,576 a "
+                                              r"checkpoint's tensor file may hold"):
+        load_checkpoint(run)
+
+
+@pytest.mark.parametrize("item, message", [
+    ("controller_size=200000", "parameters (596 GiB), more than the limit of 268,435,456: "
+                               "lower controller_size"),
+    ("task.width=100000", "the validation set of eval_sizes=40 (eval_size_sequences=100 "
+                          "sequences of 81 steps x 200,001 channels) needs 6.04 GiB"),
+    ("eval_sequences=100000000", "eval_sequences=100,000,000 sequences of 7 steps x 9 "
+                                 "channels) needs 26.1 GiB, more than the limit of 2 GiB"),
+    ("eval_size_sequences=100000000", "the validation set of eval_sizes=4 (eval_size_sequences="
+                                      "100,000,000 sequences"),
+])
+def test_sizes_that_would_not_fit_in_memory_are_refused_before_the_run(tmp_path, capsys, item,
+                                                                       message):
+    """task.width=100000 reached 14.8 GB; eval_sequences, eval_size_sequences of 10^8 and
+    controller_size=200000 tried to allocate hundreds of GB."""
+    out = tmp_path / "run"
+    extra = ["--set", "eval_sizes=4"] if item.startswith("eval_size_") else []
+    err = one_line_error(capsys, train_argv(out, "--set", item, *extra))
+    assert message in err
+    assert not out.exists()
+
+
+def test_evaluate_refuses_sequences_that_would_not_fit_in_memory(run, capsys):
+    """--sequences 10^8 drew every sequence of a size at once."""
+    err = one_line_error(capsys, ["evaluate", str(run), "--lengths", "2", "--sequences",
+                                  "100000000"])
+    assert "--lengths 2 (--sequences 100,000,000 sequences of 5 steps x 9 channels) needs " in err
+    assert "more than the limit of 2 GiB: lower --sequences" in err
+
+
+# -- Hand-edited records ------------------------------------------------------------------------
+
+@pytest.mark.parametrize("changes, message", [
+    ({"step": 10**4000}, "step must be an integer from 0 to 2**63 - 1"),
+    ({"sequences": 2**63}, "sequences must be an integer from 0 to 2**63 - 1"),
+    ({"best_metrics": {"bit_errors": -math.inf}}, "best_metrics must be an object of numbers "
+                                                  ">= 0 (or NaN)"),
+    ({"metrics": {"cost_bits": -1.0}}, "metrics must be an object of numbers >= 0"),
+])
+def test_hand_edited_counters_and_metrics_out_of_range_are_one_line(run, capsys, changes,
+                                                                    message):
+    edit_record(run, **changes)
+    err = one_line_error(capsys, ["evaluate", str(run), "--sequences", "2", "--lengths", "2"])
+    assert "invalid checkpoint record" in err and message in err
+
+
+def test_a_step_of_5000_digits_is_one_line(run, capsys):
+    """Python refuses to parse an integer of more than 4,300 digits: a ValueError traceback."""
+    text = (run / "checkpoint.json").read_text()
+    step = json.loads(text)["step"]
+    (run / "checkpoint.json").write_text(text.replace(f'"step": {step}', '"step": ' + "9" * 5000))
+    err = one_line_error(capsys, ["evaluate", str(run)])
+    assert "not a readable checkpoint JSON file (Exceeds the limit" in err
+
+
+@pytest.mark.parametrize("key, value", [("lr", math.nan), ("lr", -0.1), ("eps", math.inf),
+                                        ("betas", [0.9, 1.5])])
+def test_a_nan_or_negative_optimizer_setting_is_one_line_at_resume(run, capsys, key, value):
+    """A NaN or negative learning rate was accepted and trained with."""
+    record = json.loads((run / "checkpoint.json").read_text())
+    record["optimizer"]["param_groups"][0][key] = value
+    edit_record(run, optimizer=record["optimizer"])
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *RESUME])
+    assert f"optimizer state does not fit this configuration (param_groups {key} is" in err
+
+
+@pytest.mark.parametrize("name, shape, dtype", [("rng.torch", (3,), "uint8"),
+                                                ("rng.torch", (5056,), "float32"),
+                                                ("rng.data", (7,), "uint8")])
+def test_a_malformed_rng_state_is_one_line_at_resume(run, capsys, name, shape, dtype):
+    import torch
+    from safetensors.torch import load, save
+
+    record = json.loads((run / "checkpoint.json").read_text())
+    path = run / record["train_state"]
+    tensors = load(path.read_bytes())
+    tensors[name] = torch.zeros(shape, dtype=getattr(torch, dtype))
+    data = save(tensors)
+    path.write_bytes(data)
+    edit_record(run, train_state_sha256=hashlib.sha256(data).hexdigest())
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), *RESUME])
+    assert "the training state's RNG state is not one torch can restore" in err
+
+
+# -- Concurrent sweeps, SIGHUP, a dead Ray address, TensorBoard's thread -----------------------
+
+def test_a_second_sweep_into_the_same_folder_is_refused_and_truncates_nothing(tmp_path, capsys):
+    """Two sweeps into one --out: the second truncated the first's train.log."""
+    import fcntl
+
+    out = tmp_path / "sweep"
+    (out / "seed-0").mkdir(parents=True)
+    (out / "seed-0" / "train.log").write_text("the first sweep's log\n")
+    sets = [arg for item in TINY if not item.startswith("max_sequences")
+            for arg in ("--set", item)]
+    with open(out / ".lock", "a") as held:  # the first sweep's
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        err = one_line_error(capsys, ["sweep", "copy", "--seeds", "1", "--sequences", "4",
+                                      "--out", str(out), *sets])
+    assert "another process is running a sweep into this folder" in err
+    assert (out / "seed-0" / "train.log").read_text() == "the first sweep's log\n"
+    assert not (out / "seed-0" / "checkpoint.json").exists()
+
+
+def test_ray_at_a_dead_address_is_one_line_without_hanging(tmp_path):
+    """`--ray` to a dead address hung for over 200 s."""
+    pytest.importorskip("ray")
+    result = ntm("sweep", "copy", "--seeds", "1", "--ray", "127.0.0.1:1", "--out",
+                 str(tmp_path / "sweep"), timeout=90)
+    assert result.returncode == 2, result.stderr
+    line = result.stderr.strip().splitlines()
+    assert len(line) == 1 and line[0].startswith("ntm: error: --ray 127.0.0.1:1: no Ray cluster "
+                                                 "answers there"), line
+
+
+TENSORBOARD_CANNOT_WRITE = """
+import sys
+from tensorboard.summary.writer import record_writer
+def write(self, data):
+    raise PermissionError(13, "Permission denied", "tb/events.out.tfevents")
+record_writer.RecordWriter.write = write
+from torch_ntm.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def test_tensorboard_that_cannot_write_is_one_line_without_a_thread_traceback(tmp_path):
+    """A one-line permission error was followed by the traceback of TensorBoard's writer
+    thread."""
+    pytest.importorskip("tensorboard")
+    env = {**os.environ, "PYTHONPATH": SRC, "OMP_NUM_THREADS": "1"}
+    result = subprocess.run([sys.executable, "-c", TENSORBOARD_CANNOT_WRITE,
+                             *train_argv(tmp_path / "run")], env=env, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 1, result.stderr
+    assert result.stderr.strip() == "ntm: error: [Errno 13] Permission denied: " \
+                                    "'tb/events.out.tfevents'"

@@ -36,8 +36,8 @@ def root(run, tmp_path, monkeypatch):
 
 
 def test_export_writes_a_weights_only_checkpoint_with_the_runs_record(run, root):
-    assert {p.name for p in (root / "tiny").iterdir()} == {
-        "checkpoint.json", "weights-00000002.safetensors"}
+    assert {p.name for p in (root / "tiny").iterdir()} == {  # and the lock it wrote under
+        "checkpoint.json", "weights-00000002.safetensors", ".lock"}
     source, copy = load_checkpoint(run), load_checkpoint(root / "tiny")
     assert copy.config == source.config
     assert (copy.step, copy.sequences, copy.elapsed_s) == (2, 32, source.elapsed_s)

@@ -16,19 +16,22 @@ hash before it is parsed.
 A record is not trusted: the file names it gives must be plain names of the two patterns above
 (nothing outside the run directory is read or removed), each with its SHA-256, and a named file
 must be a regular file.
+
+Every file of a run is written, removed and read by the rule of `torch_ntm.runfiles` (never
+through a link; atomically; every read bounded), whose helpers this module re-exports.
 """
 
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import functools
 import hashlib
 import json
+import math
 import os
 import re
-import stat
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -40,9 +43,23 @@ from torch import nn
 
 from torch_ntm.config import ConfigError, TrainConfig
 from torch_ntm.factories import build_model, build_task, model_config
+from torch_ntm.runfiles import (
+    CheckpointError,
+    atomic_write,
+    check_own,
+    open_own,
+    own_folder,
+    read_own,
+    refuse_foreign,
+    remove_file,
+)
 
 __all__ = [
     "atomic_write",
+    "remove_file",
+    "open_own",
+    "own_folder",
+    "read_own",
     "CheckpointError",
     "Checkpoint",
     "KeptWeights",
@@ -64,9 +81,15 @@ LOCK = ".lock"  # held (flock) by the one process that writes the run
 _FILE_NAMES = {"weights": re.compile(r"weights-[0-9]+\.safetensors"),
                "train_state": re.compile(r"train-state-[0-9]+\.safetensors"),
                "best": re.compile(r"best-[0-9]+\.safetensors")}
+# The most a checkpoint.json may hold (a record is a few kB: config, counters, metrics)
+MAX_RECORD_BYTES = 16 << 20
+# The most a weights, training-state or best file may hold: the largest model a config may
+# build (`torch_ntm.config.MAX_PARAMETERS` float32 parameters, 1 GiB) with its optimizer's state
+# (up to three tensors of its size), the average of the weights, and room to spare.
+MAX_TENSOR_FILE_BYTES = 8 << 30
 # Temporary files of `atomic_write` (".NAME.RANDOM.tmp") for the files a run writes.
-_TEMPORARY = re.compile(r"\.(checkpoint\.json|metrics\.csv|(weights|train-state|best)-[0-9]+"
-                        r"\.safetensors)\.[A-Za-z0-9_]+\.tmp")
+_TEMPORARY = re.compile(r"\.(checkpoint\.json|config\.json|metrics\.csv|"
+                        r"(weights|train-state|best)-[0-9]+\.safetensors)\.[A-Za-z0-9_]+\.tmp")
 
 
 class KeptWeights(NamedTuple):
@@ -77,40 +100,8 @@ class KeptWeights(NamedTuple):
     metrics: dict  # the validation's
 
 
-class CheckpointError(Exception):
-    """A checkpoint that cannot be used; the message names the file and the problem."""
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _current_umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
-
-
-_UMASK = _current_umask()
-
-
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write ``data`` to ``path`` so that ``path`` is either the old or the complete new file."""
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        os.fchmod(fd, 0o666 & ~_UMASK)  # mkstemp makes 0600; give what open() would
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+def _sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
 
 
 def _cpu_contiguous(tensors: dict) -> dict:
@@ -141,13 +132,16 @@ def _optimizer_join(tensors: dict, meta: dict) -> dict:
         idx, key = name.split(".", 1)
         state.setdefault(int(idx), {})[key] = value
     for group in meta["param_groups"]:  # what the optimizer computes with, checked here: a
-        # value of another type passed loading and failed at the first step
+        # value of another type passed loading and failed at the first step, and a NaN or
+        # negative rate trained on
         for key in ("lr", "eps", "weight_decay", "momentum", "alpha", "dampening"):
-            if key in group and not _number(group[key]):
-                raise ValueError(f"param_groups {key} is {group[key]!r}, not a number")
+            if key in group and not (_number(group[key]) and 0 <= group[key] < math.inf):
+                raise ValueError(f"param_groups {key} is {group[key]!r}, not a finite number "
+                                 f">= 0")
         if "betas" in group and not (isinstance(group["betas"], list)
-                                     and all(_number(b) for b in group["betas"])):
-            raise ValueError(f"param_groups betas is {group['betas']!r}, not two numbers")
+                                     and all(_number(b) and 0 <= b < 1 for b in group["betas"])):
+            raise ValueError(f"param_groups betas is {group['betas']!r}, not two numbers in "
+                             f"[0, 1)")
     return {"state": state, "param_groups": meta["param_groups"]}
 
 
@@ -176,7 +170,8 @@ def save_checkpoint(
     run_dir.mkdir(parents=True, exist_ok=True)
     json_path = run_dir / CHECKPOINT_JSON
     weights_name = f"weights-{step:08d}.safetensors"
-    atomic_write(run_dir / weights_name, st_save(_cpu_contiguous(model.state_dict())))
+    weights = st_save(_cpu_contiguous(model.state_dict()))
+    atomic_write(run_dir / weights_name, weights)
     record = {
         "format": FORMAT,
         "version": VERSION,
@@ -188,7 +183,7 @@ def save_checkpoint(
         "metrics": metrics or {},
         "extra": extra or {},
         "weights": weights_name,
-        "weights_sha256": _sha256(run_dir / weights_name),
+        "weights_sha256": _sha256(weights),
     }
     if optimizer is not None:
         tensors, meta = _optimizer_split(optimizer)
@@ -197,10 +192,11 @@ def save_checkpoint(
             tensors["rng.data"] = data_generator.get_state()
         tensors.update({f"averaged.{name}": value for name, value in (averaged or {}).items()})
         state_name = f"train-state-{step:08d}.safetensors"
-        atomic_write(run_dir / state_name, st_save(_cpu_contiguous(tensors)))
+        data = st_save(_cpu_contiguous(tensors))
+        atomic_write(run_dir / state_name, data)
         record["optimizer"] = meta
         record["train_state"] = state_name
-        record["train_state_sha256"] = _sha256(run_dir / state_name)
+        record["train_state_sha256"] = _sha256(data)
     if best is not None:
         tensors = {f"model.{k}": v for k, v in best.weights.items()}
         meta = None
@@ -208,8 +204,9 @@ def save_checkpoint(
             optim_tensors, meta = _optimizer_split(best.optimizer)
             tensors.update(optim_tensors)
         best_name = f"best-{step:08d}.safetensors"
-        atomic_write(run_dir / best_name, st_save(_cpu_contiguous(tensors)))
-        record.update(best=best_name, best_sha256=_sha256(run_dir / best_name),
+        data = st_save(_cpu_contiguous(tensors))
+        atomic_write(run_dir / best_name, data)
+        record.update(best=best_name, best_sha256=_sha256(data),
                       best_optimizer=meta, best_metrics=dict(best.metrics))
     atomic_write(json_path, json.dumps(record, indent=2).encode())
     _remove_superseded(run_dir, {record["weights"], record.get("train_state"), record.get("best")})
@@ -231,10 +228,11 @@ _HELD: dict[Path, int] = {}  # run directories this process has locked -> nestin
 
 
 @contextlib.contextmanager
-def lock_run(run_dir: str | os.PathLike):
+def lock_run(run_dir: str | os.PathLike, holder: str = "training into this run directory"):
     """Hold ``RUN/.lock`` (an exclusive `fcntl.flock`) while the block runs, creating ``RUN``.
 
-    One process writes a run: a second one gets a `CheckpointError` at once. Re-entrant within a
+    One process writes a run: a second one gets a `CheckpointError` at once (saying it is
+    ``holder``: a sweep, an export lock their folders too). Re-entrant within a
     process (the command line locks before `torch_ntm.train.train` locks again). The lock goes
     with the process, so a killed training leaves nothing to clean up.
     """
@@ -246,17 +244,24 @@ def lock_run(run_dir: str | os.PathLike):
             _HELD[key] += 1
             fd = None
         else:
-            fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT, 0o666)
+            fd = os.open(run_dir / LOCK, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o666)
     except OSError as e:
+        if e.errno == errno.ELOOP:  # a link planted as the lock: its target is not created
+            refuse_foreign(run_dir / LOCK, os.lstat(run_dir / LOCK))
         raise CheckpointError(f"{run_dir}: cannot write the run directory ({e.strerror})") from None
     if fd is not None:
+        try:
+            refuse_foreign(run_dir / LOCK, os.fstat(fd))
+        except CheckpointError:
+            os.close(fd)
+            raise
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             os.close(fd)
-            raise CheckpointError(f"{run_dir}: another process is training into this run "
-                                  f"directory (it holds {run_dir / LOCK}); wait for it to end or "
-                                  f"choose another directory") from None
+            raise CheckpointError(f"{run_dir}: another process is {holder} (it holds "
+                                  f"{run_dir / LOCK}); wait for it to end or choose another "
+                                  f"directory") from None
         _HELD[key] = 1
     try:
         yield run_dir
@@ -274,19 +279,68 @@ RUN_FIGURES = ("io.png", "attention.png", "memory.png", "learning_curve.png", "a
 SHIPPED = Path(__file__).parent / "pretrained"
 
 
+def foreign_files(run_dir: str | os.PathLike) -> list[str]:
+    """The names in ``run_dir`` that a run writes but that do not hold what a run writes there
+    (``checkpoint.json`` without the checkpoint marker, a ``config.json`` that is not a config,
+    a ``metrics.csv`` without its columns), or that are links or not regular files (a folder:
+    ``figures`` or ``tb`` that is a link or a file): what ``--overwrite`` must not remove."""
+    from torch_ntm.runlog import FIELDS, MAX_METRICS_BYTES
+
+    run_dir = Path(run_dir)
+    found = []
+    for name, limit, looks_like in (
+            (CHECKPOINT_JSON, MAX_RECORD_BYTES, lambda d: json.loads(d).get("format") == FORMAT),
+            ("config.json", MAX_RECORD_BYTES,
+             lambda d: {"task", "task_params", "preset"} <= set(json.loads(d))),
+            ("metrics.csv", MAX_METRICS_BYTES,
+             lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS)):
+        try:
+            data = read_own(run_dir / name, limit, name)
+            check_own(run_dir / name)
+            if not looks_like(data):
+                found.append(name)
+        except FileNotFoundError:
+            pass
+        except (CheckpointError, ValueError, AttributeError, TypeError, IndexError,
+                RecursionError):
+            found.append(name)
+    for name in ("figures", "tb"):
+        path = run_dir / name
+        if path.is_symlink() or (path.exists() and not path.is_dir()):
+            found.append(name)
+    # and inside them, what clear_run would remove: checked before anything is removed
+    inside = [run_dir / "figures" / name for name in RUN_FIGURES]
+    if "tb" not in found and (run_dir / "tb").is_dir():
+        inside += sorted((run_dir / "tb").glob("events.out.tfevents.*"))
+    for path in inside:
+        try:
+            check_own(path)
+        except CheckpointError:
+            found.append(str(path.relative_to(run_dir)))
+    return found
+
+
 def clear_run(run_dir: str | os.PathLike) -> None:
     """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events, its
-    figures) from ``run_dir``, and nothing else; for ``ntm train --overwrite``."""
+    figures) from ``run_dir``, and nothing else; for ``ntm train --overwrite``. A link or other
+    file that is not the run's own (`foreign_files`) is refused before anything is removed."""
     run_dir = Path(run_dir)
+    foreign = foreign_files(run_dir)
+    if foreign:
+        raise CheckpointError(f"{run_dir}: {', '.join(foreign)} not a run's own (a link, or "
+                              f"not what a run writes there); --overwrite replaces only a "
+                              f"run's files: move them away or choose another directory")
+    figures, tb = run_dir / "figures", run_dir / "tb"
     for name in RUN_FIGURES:  # a run without --no-plots would have left the old run's
-        (run_dir / "figures" / name).unlink(missing_ok=True)
-    (run_dir / CHECKPOINT_JSON).unlink(missing_ok=True)  # first: no record names missing files
+        if figures.is_dir():
+            remove_file(figures / name)
+    remove_file(run_dir / CHECKPOINT_JSON)  # first: no record names missing files
     _remove_superseded(run_dir, keep=set())
     for name in ("config.json", "metrics.csv"):
-        (run_dir / name).unlink(missing_ok=True)
-    if (run_dir / "tb").is_dir():
-        for event in (run_dir / "tb").glob("events.out.tfevents.*"):
-            event.unlink(missing_ok=True)
+        remove_file(run_dir / name)
+    if tb.is_dir():
+        for event in tb.glob("events.out.tfevents.*"):
+            remove_file(event)
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:
@@ -312,11 +366,11 @@ def find_checkpoint(path: str | os.PathLike) -> Path:
 
 def _read_json(path: Path) -> dict:
     try:
-        data = json.loads(path.read_text())
+        data = json.loads(read_own(path, MAX_RECORD_BYTES, CHECKPOINT_JSON))
     except RecursionError:
         raise CheckpointError(f"{path}: not a readable checkpoint JSON file (nested too deeply)"
                               ) from None
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+    except (OSError, ValueError) as e:  # not UTF-8, not JSON, an integer of over 4,300 digits
         raise CheckpointError(f"{path}: not a readable checkpoint JSON file ({e})") from None
     if not isinstance(data, dict) or data.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a torch-ntm checkpoint (missing format marker)")
@@ -348,17 +402,12 @@ def _file_name(json_path: Path, rec: dict, key: str) -> tuple[Path, str]:
 
 
 def _load_tensors(path: Path, sha256: str) -> dict:
-    try:  # O_NONBLOCK: a FIFO opens at once (and is then refused) instead of waiting for a writer
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+    digest = hashlib.sha256()
+    try:  # hashed while read, and parsed from the same bytes
+        data = read_own(path, MAX_TENSOR_FILE_BYTES, "checkpoint's tensor file", digest)
     except FileNotFoundError:
         raise _Missing(f"{path}: file is missing") from None
-    except OSError as e:
-        raise CheckpointError(f"{path}: cannot be read ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise CheckpointError(f"{path}: not a regular file")
-        data = f.read()  # hashed and parsed from the same bytes
-    if hashlib.sha256(data).hexdigest() != sha256:
+    if digest.hexdigest() != sha256:
         raise CheckpointError(
             f"{path}: file is corrupt or was modified (SHA-256 differs from the one recorded in "
             f"{CHECKPOINT_JSON})"
@@ -476,9 +525,14 @@ class Checkpoint:
             raise CheckpointError(
                 f"{self.path}: optimizer state does not fit this configuration ({e})"
             ) from None
-        torch.set_rng_state(tensors["rng.torch"])
-        if data_generator is not None and "rng.data" in tensors:
-            data_generator.set_state(tensors["rng.data"])
+        try:  # a torch state is a uint8 tensor of a fixed size; another raised in torch
+            torch.set_rng_state(tensors["rng.torch"])
+            if data_generator is not None and "rng.data" in tensors:
+                data_generator.set_state(tensors["rng.data"])
+        except (RuntimeError, TypeError, ValueError) as e:
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise CheckpointError(f"{self.path}: the training state's RNG state is not one "
+                                  f"torch can restore ({first})") from None
 
 
 def load_checkpoint(path: str | os.PathLike) -> Checkpoint:
@@ -524,15 +578,19 @@ def _check_record(rec: dict) -> None:
     """Raise `ConfigError` if a counter, the metrics or the extras have the wrong type."""
     for key in ("step", "sequences"):
         value = rec.get(key, 0)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-            raise ConfigError(f"{key} must be an integer >= 0, got {str(value)[:80]!r}")
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value < 2**63:
+            raise ConfigError(f"{key} must be an integer from 0 to 2**63 - 1, got "
+                              f"{str(value)[:80]!r}")
     elapsed = rec.get("elapsed_s", 0.0)
     if not _number(elapsed) or not elapsed >= 0:
         raise ConfigError(f"elapsed_s must be a number >= 0, got {str(elapsed)[:80]!r}")
-    for key in ("metrics", "best_metrics"):
+    for key in ("metrics", "best_metrics"):  # costs, counts and fractions: none below 0 (a
+        # -Infinity best would be kept for ever); NaN is what a diverged validation has
         metrics = rec.get(key, {})
-        if not isinstance(metrics, dict) or not all(map(_number, metrics.values())):
-            raise ConfigError(f"{key} must be an object of numbers, got {str(metrics)[:80]}")
+        if not isinstance(metrics, dict) or not all(_number(v) and not v < 0
+                                                    for v in metrics.values()):
+            raise ConfigError(f"{key} must be an object of numbers >= 0 (or NaN), got "
+                              f"{str(metrics)[:80]}")
     if not isinstance(rec.get("best_optimizer"), (dict, type(None))):
         raise ConfigError("best_optimizer must be an object or null")
     extra = rec.get("extra", {})

@@ -119,6 +119,9 @@ def _parser() -> argparse.ArgumentParser:
     q.add_argument("name", metavar="NAME")
     q.add_argument("--dest", type=Path, default=None, metavar="DIR",
                    help="write DIR/NAME instead of into the installed package")
+    q.add_argument("--overwrite", action="store_true",
+                   help="replace a shipped model, or a folder that holds a run or other files "
+                   "(an earlier export in --dest is replaced without it)")
 
     p = sub.add_parser("sweep", help="train one task with several seeds and report reliability")
     p.add_argument("task", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
@@ -212,7 +215,7 @@ def _default_run_dir(task: str) -> Path:
 def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
     """The directory for a new run, refused (`ConfigError`) unless it is new or empty, or
     ``overwrite`` is given; the current directory and the empty name are always refused."""
-    from torch_ntm.checkpoint import CHECKPOINT_JSON, LOCK
+    from torch_ntm.checkpoint import CHECKPOINT_JSON, LOCK, foreign_files
     from torch_ntm.config import ConfigError
 
     if out is not None and not out.strip():
@@ -224,6 +227,13 @@ def _new_run_dir(out: str | None, task: str, overwrite: bool) -> Path:
     if run_dir.is_dir() and run_dir.resolve() in (here, *here.parents):
         raise ConfigError(f"--out {out}: is the current directory or holds it; name a directory "
                           f"for the run (default runs/{task})")
+    foreign = foreign_files(run_dir) if overwrite and run_dir.is_dir() else []
+    if foreign:  # --overwrite removes a run's own files only
+        raise ConfigError(f"--out {run_dir}: --overwrite replaces only a run's own files, and "
+                          f"{', '.join(foreign)} {'is' if len(foreign) == 1 else 'are'} not (a "
+                          f"link, or not what a run writes there); move "
+                          f"{'it' if len(foreign) == 1 else 'them'} away or choose another "
+                          f"directory")
     if not overwrite and run_dir.is_dir():
         if (run_dir / CHECKPOINT_JSON).exists():
             raise ConfigError(f"--out {run_dir}: already holds a run; continue it with --resume "
@@ -340,7 +350,7 @@ def _checkpoint_arg(args) -> Path:
 
 def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_steps
+    from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_set_size, check_steps
     from torch_ntm.engines import prepare
     from torch_ntm.evaluate import evaluate_sizes, format_table
     from torch_ntm.factories import build_task
@@ -376,6 +386,8 @@ def _cmd_evaluate(args) -> int:
                         "choose shorter lengths" + (" or fewer repeats" if shown else ""),
                         MAX_EVAL_STEPS)
     num = args.sequences or 100
+    for size in sizes:  # each size's sequences are drawn at once
+        check_set_size(task.held_out().with_size(size), num, f"--lengths {size}", "--sequences ")
     if args.repeats is None:
         rows = evaluate_sizes(model, task, sizes, num_sequences=num)
     else:  # one row per (length, repeats), lengths first
@@ -393,14 +405,16 @@ def _cmd_evaluate(args) -> int:
 
 def _evaluate_episodes(args, model, task) -> int:
     """`ntm evaluate` of a label task (Omniglot): accuracy by instance on held-out episodes."""
-    from torch_ntm.config import ConfigError
+    from torch_ntm.config import ConfigError, check_set_size
     from torch_ntm.evaluate import HELD_OUT_EPISODES, evaluate_episodes
 
     if args.lengths is not None:
         raise ConfigError(f"--lengths does not apply to {task.name}: it is scored by accuracy at "
                           f"each instance of a class; change the episodes with --task-set "
                           f"instances=N")
-    row = evaluate_episodes(model, task, args.sequences or HELD_OUT_EPISODES)
+    episodes = args.sequences or HELD_OUT_EPISODES
+    check_set_size(task.held_out(), episodes, "the held-out episodes", "--sequences ")
+    row = evaluate_episodes(model, task, episodes)
     if args.json:
         accuracy = {str(k): v for k, v in row.pop("accuracy_by_instance").items()}
         print(json.dumps({"task": task.name, "split": _split(task),
@@ -474,7 +488,7 @@ def _cmd_pretrained(args) -> int:
     from torch_ntm.evaluate import format_table
 
     if args.action == "export":
-        path = pretrained.export(args.run, args.name, dest=args.dest)
+        path = pretrained.export(args.run, args.name, dest=args.dest, overwrite=args.overwrite)
         print(f"exported {args.run} as {args.name!r}: {path}")
         return 0
     names = pretrained.names()

@@ -23,6 +23,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
+    "check_data_size", "check_set_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
     "check_resume", "list_kind", "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
@@ -215,18 +216,29 @@ class TrainConfig(NTMOptions):
         length with each of ``eval_repeats`` ("rR"), and at each of ``eval_pairs`` ("LrR")."""
         return {name: task for name, _, _, task in self._generalisation()}
 
-    def _generalisation(self) -> list[tuple[str, str, int, Task]]:
+    def _generalisation(self, source: str = "config") -> list[tuple[str, str, int, Task]]:
         """`generalisation_sets` with the setting that asks for each (``eval_sizes=20``) and
-        its size: (name, setting, size, task)."""
+        its size: (name, setting, size, task). A size the task has not is a `ConfigError`
+        naming the setting."""
         valid, longest = self.task_params.validation(), self.task_params.train_size
-        return [
-            *((str(size), f"eval_sizes={size}", size, valid.with_size(size))
+        wanted = [
+            *((str(size), f"eval_sizes={size}", size, lambda s=size: valid.with_size(s))
               for size in self.eval_sizes),
-            *((f"r{r}", f"eval_repeats={r}", longest, valid.with_size(longest).with_repeats(r))
+            *((f"r{r}", f"eval_repeats={r}", longest,
+               lambda r=r: valid.with_size(longest).with_repeats(r))
               for r in self.eval_repeats),
             *((f"{length}r{r}", f"eval_pairs={length}x{r}", length,
-               valid.with_size(length).with_repeats(r))
+               lambda n=length, r=r: valid.with_size(n).with_repeats(r))
               for length, r in self.eval_pair_values())]
+        sets = []
+        for name, setting, size, make in wanted:
+            try:
+                sets.append((name, setting, size, make()))
+            except ValueError as e:
+                raise ConfigError(f"{source}: {setting}: {self.task} has no sequences of that "
+                                  f"size ({e}); choose another or leave "
+                                  f"{setting.partition('=')[0]} empty") from None
+        return sets
 
     def keep_by_set(self) -> tuple[str, str] | None:
         """``keep_by`` as (set, metric), or None."""
@@ -305,6 +317,7 @@ class TrainConfig(NTMOptions):
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
         check_sequence_steps(self, source)
+        check_data_size(self, source)
         if any(a >= b for a, b in zip(self.lr_milestones, self.lr_milestones[1:])):
             raise ConfigError(f"{source}: lr_milestones={self.lr_milestones} must increase "
                               f"(numbers of training sequences, e.g. 400000,600000)")
@@ -425,7 +438,7 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     ``eval_repeats`` or ``eval_pairs``, has more than `MAX_SEQUENCE_STEPS` time steps."""
     task = config.task_params
     training = ("", "training", task.train_size, task.with_size(task.train_size))
-    for _, what, size, each in (training, *config._generalisation()):
+    for _, what, size, each in (training, *config._generalisation(source)):
         key = what.partition("=")[0]
         check_steps(each, size, f"{source}: a {config.task} sequence of {task.size_name} {size} "
                     f"({what})", f"lower the size (e.g. task.max_length) or the {key}")
@@ -441,17 +454,56 @@ def check_steps(task, size: int, what: str, fix: str, limit: int = MAX_SEQUENCE_
     sequence of ``task`` (at ``size``) has more steps than ``limit``. A sequence has at least as
     many steps as its size and its repeat count, so a larger one is refused before a sequence
     is drawn (one of a billion steps would not fit in memory)."""
-    import torch
-
     least = max(size, getattr(task, "max_repeats", 0))
     if least > limit:
         steps = f"at least {least:,}"
     else:
-        count = task.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
+        count = _steps(task)
         if count <= limit:
             return
         steps = f"{count:,}"
     raise ConfigError(f"{what} takes {steps} steps, more than {limit:,}: {fix}")
+
+
+def _steps(task) -> int:
+    """The time steps of a sequence of ``task`` (one drawn, as `check_steps` draws it)."""
+    import torch
+
+    return task.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
+
+
+# The sequences held in memory at once (a training batch, the validation set, a generalisation
+# set: float32 inputs, targets and mask) above this are a typo, not a plan: the run would only
+# fail later for lack of memory.
+MAX_DATA_BYTES = 2 << 30
+# A model with more parameters than this is a typo (1 GiB of float32; training holds about four
+# times that with gradients and optimizer state). `torch_ntm.factories.build_model` checks it.
+MAX_PARAMETERS = 1 << 28
+
+
+def check_data_size(config: TrainConfig, source: str = "config") -> None:
+    """Raise `ConfigError` naming the count key (``batch_size``, ``eval_sequences``,
+    ``eval_size_sequences``) if its sequences would take more than `MAX_DATA_BYTES`."""
+    task = config.task_params
+    sets = [("a training batch", "batch_size", task.with_size(task.train_size)),
+            ("the validation set", "eval_sequences", task.validation().with_size(task.train_size)),
+            *((f"the validation set of {what}", "eval_size_sequences", each)
+              for _, what, _, each in config._generalisation(source))]
+    for what, key, each in sets:
+        check_set_size(each, getattr(config, key), f"{source}: {what}", f"{key}=")
+
+
+def check_set_size(task, count: int, what: str, key: str) -> None:
+    """Raise `ConfigError` if ``count`` sequences of ``task`` (held in memory at once, as a
+    validation or evaluation set is) would take more than `MAX_DATA_BYTES`; ``what`` names the
+    set and ``key`` the setting that gives ``count`` (``"eval_sequences="``, ``"--sequences "``)."""
+    steps, width = _steps(task), task.input_size + task.output_size
+    need = count * steps * (width + 1) * 4  # float32 inputs, targets and the mask
+    if need > MAX_DATA_BYTES:
+        raise ConfigError(f"{what} ({key}{count:,} sequences of {steps:,} steps x {width:,} "
+                          f"channels) needs {need / 2**30:.3g} GiB, more than the limit of "
+                          f"{MAX_DATA_BYTES / 2**30:g} GiB: lower {key.strip(' =')}, or the "
+                          f"task's size or width")
 
 
 def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,

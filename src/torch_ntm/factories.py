@@ -8,7 +8,7 @@ import dataclasses
 from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
-from torch_ntm.config import MODELS, ConfigError, TrainConfig, check_memory_size
+from torch_ntm.config import MAX_PARAMETERS, MODELS, ConfigError, TrainConfig, check_memory_size
 from torch_ntm.dnc import DNC
 from torch_ntm.mann import MANN
 from torch_ntm.model import NTM
@@ -45,7 +45,19 @@ def model_config(config: TrainConfig, task) -> dict:
 
 
 def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Module:
-    """A freshly initialised model for ``config`` (``overrides``, e.g. ``memory_size=1024``)."""
+    """A freshly initialised model for ``config`` (``overrides``, e.g. ``memory_size=1024``).
+
+    Raises:
+        ConfigError: sizes the model rejects, or more than `MAX_PARAMETERS` parameters (counted
+            on the meta device, before any memory is taken).
+    """
+    if str(device) != "meta":
+        count = sum(p.numel() for p in build_model(config, task, "meta", **overrides).parameters())
+        if count > MAX_PARAMETERS:
+            raise ConfigError(f"the model has {count:,} parameters ({count * 4 / 2**30:.3g} GiB), "
+                              f"more than the limit of {MAX_PARAMETERS:,}: lower controller_size "
+                              f"or controller_layers (or memory_width, read_heads, the task's "
+                              f"width)")
     kwargs = {**model_config(config, task), **overrides}
     kind = kwargs.pop("kind")
     try:

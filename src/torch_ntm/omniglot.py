@@ -125,6 +125,22 @@ def _decode_png(data: bytes) -> np.ndarray:
     return pixels < 128
 
 
+def _decode_named(data: bytes, path, entry: str) -> np.ndarray:
+    """`_decode_png` of ``entry`` in zip ``path``; a `ValueError` naming both if it is not a
+    105 x 105 image."""
+    try:
+        ink = _decode_png(data)
+    except ImportError:
+        raise
+    except Exception as e:  # Pillow's own errors for what it cannot read
+        raise ValueError(f"{os.fspath(path)}: {entry} is not a PNG image Pillow reads ({e})"
+                         ) from None
+    if ink.shape != (105, 105):
+        raise ValueError(f"{os.fspath(path)}: {entry} is {ink.shape[1]} x {ink.shape[0]} "
+                         f"pixels, not the 105 x 105 of an Omniglot drawing")
+    return ink
+
+
 def read_zips(paths: list[str | os.PathLike]) -> OmniglotCharacters:
     """Read Omniglot zips (``.../ALPHABET/CHARACTER/NNNN_DD.png``) into 20 x 20 characters.
 
@@ -133,20 +149,24 @@ def read_zips(paths: list[str | os.PathLike]) -> OmniglotCharacters:
     Latin) must have the same PNGs, and is kept once. Needs Pillow.
 
     Raises:
-        ValueError: a character without exactly `DRAWINGS` drawings, or two different copies.
+        ValueError: a character without exactly `DRAWINGS` drawings, or two different copies,
+            or a drawing that is not a 105 x 105 image (naming the zip and the entry).
     """
-    files: dict[tuple[str, str], dict[str, bytes]] = {}
+    files: dict[tuple[str, str], tuple[str | os.PathLike, dict[str, bytes]]] = {}
     for path in paths:
         found: dict[tuple[str, str], dict[str, bytes]] = {}
-        with zipfile.ZipFile(path) as archive:
-            for entry in archive.namelist():
-                parts = PurePosixPath(entry).parts
-                if len(parts) >= 3 and parts[-1].endswith(".png"):
-                    drawings = found.setdefault((parts[-3], parts[-2]), {})
-                    drawings[parts[-1]] = archive.read(entry)
+        try:
+            with zipfile.ZipFile(path) as archive:
+                for entry in archive.namelist():
+                    parts = PurePosixPath(entry).parts
+                    if len(parts) >= 3 and parts[-1].endswith(".png"):
+                        drawings = found.setdefault((parts[-3], parts[-2]), {})
+                        drawings[parts[-1]] = archive.read(entry)
+        except (zipfile.BadZipFile, OSError, EOFError) as e:  # not a zip, or a damaged one
+            raise ValueError(f"{os.fspath(path)}: not a readable zip file ({e})") from None
         for key in sorted(found):
             if key in files:
-                if files[key] != found[key]:
+                if files[key][1] != found[key]:
                     raise ValueError(f"{os.fspath(path)}: {'/'.join(key)} differs from before")
                 continue
             if len(found[key]) != DRAWINGS:
@@ -154,11 +174,12 @@ def read_zips(paths: list[str | os.PathLike]) -> OmniglotCharacters:
                     f"{os.fspath(path)}: {'/'.join(key)} has {len(found[key])} drawings, "
                     f"expected {DRAWINGS}"
                 )
-            files[key] = found[key]
+            files[key] = (path, found[key])
     if not files:
         raise ValueError(f"no Omniglot PNGs in {[os.fspath(p) for p in paths]}")
     ink = np.stack(
-        [_decode_png(drawings[name]) for drawings in files.values() for name in sorted(drawings)]
+        [_decode_named(drawings[name], path, "/".join((*key, name)))
+         for (key, (path, drawings)) in files.items() for name in sorted(drawings)]
     )  # (K * DRAWINGS, 105, 105)
     images = downscale(torch.from_numpy(ink)).view(len(files), DRAWINGS, SIZE, SIZE)
     return OmniglotCharacters(

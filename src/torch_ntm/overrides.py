@@ -1,13 +1,15 @@
 """The ``--set key=value`` parser: strings from the command line to a checked `TrainConfig`.
 
 Each value is parsed to its key's type (``list[int]`` from comma-separated integers, ``bool`` from
-true/false/yes/no/on/off/1/0); a dotted key sets a key of a nested dataclass (``task.max_length``,
-the task's); unknown keys are refused with the valid ones listed.
+true/false/yes/no/on/off/1/0, an optional key's None from ``none``); a dotted key sets a key of a
+nested dataclass (``task.max_length``, the task's); unknown keys are refused with the valid ones
+listed.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import types
 import typing
 
 from torch_ntm.config import ConfigError, TrainConfig, list_kind
@@ -15,8 +17,27 @@ from torch_ntm.config import ConfigError, TrainConfig, list_kind
 __all__ = ["apply_overrides", "override_keys"]
 
 
+def _optional(expected):
+    """The type ``T`` of an optional hint ``T | None``, or None for any other hint."""
+    args = typing.get_args(expected)
+    if typing.get_origin(expected) in (typing.Union, types.UnionType) and type(None) in args:
+        others = [a for a in args if a is not type(None)]
+        return others[0] if len(others) == 1 else None
+    return None
+
+
 def _parse_value(text: str, expected, name: str, option: str = "--set"):
-    """Parse a command-line string into ``expected`` (bool, int, float, str), or raise."""
+    """Parse a command-line string into ``expected`` (bool, int, float, str, or one of these
+    or None: ``none`` or nothing gives None), or raise."""
+    inner = _optional(expected)
+    if inner is not None:
+        if text.strip().lower() in ("", "none"):
+            return None
+        try:
+            return _parse_value(text, inner, name, option)
+        except ConfigError:
+            raise ConfigError(f"{option} {name}={text}: expected a value of type "
+                              f"{inner.__name__}, or none") from None
     try:
         if typing.get_origin(expected) is list:  # comma-separated integers
             values = [int(v.replace("_", "")) for v in text.split(",") if v.strip()]

@@ -77,8 +77,18 @@ def _array(t: torch.Tensor):
 
 
 def _save(fig, path: Path) -> Path:
-    fig.savefig(path, dpi=110)
-    _pyplot().close(fig)
+    """Write ``fig`` to ``path`` as a run's files are written (`atomic_write`: never through a
+    link), in the format its suffix names."""
+    import io
+
+    from torch_ntm.checkpoint import atomic_write
+
+    path, data = Path(path), io.BytesIO()  # a str too, as the docs pass it
+    try:
+        fig.savefig(data, dpi=110, format=path.suffix.lstrip(".") or None)
+    finally:
+        _pyplot().close(fig)
+    atomic_write(path, data.getvalue())
     return path
 
 
@@ -197,7 +207,7 @@ def plot_learning_curves(runs: dict, path: str | os.PathLike, split: str = "val"
             raise CheckpointError(f"{run_dir}: no {split} rows in metrics.csv ({why})")
         curves.append((label, "-" if split == "train" else ".-", rows))
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
+    path.parent.mkdir(parents=True, exist_ok=True)  # the user's own choice of file
     return _curve_axes(curves, path)
 
 
@@ -251,7 +261,7 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
     one example sequence (drawn with ``seed`` from the task's held-out data, `Task.held_out`, as
     evaluation's are), and a label task's accuracy figure scores ``episodes`` held-out episodes."""
     from torch_ntm import pretrained
-    from torch_ntm.checkpoint import find_checkpoint, load_checkpoint
+    from torch_ntm.checkpoint import find_checkpoint, load_checkpoint, own_folder
     from torch_ntm.dnc import DNC
     from torch_ntm.evaluate import (
         EVAL_SEED,
@@ -263,13 +273,13 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
 
     json_path = find_checkpoint(run_or_checkpoint)
     ckpt = load_checkpoint(json_path)
-    if out_dir is not None:
+    if out_dir is not None:  # the user's choice of folder (a link to one too)
         out = Path(out_dir)
+        out.mkdir(parents=True, exist_ok=True)
     elif json_path.parent.parent.resolve() == pretrained.ROOT.resolve():
-        out = Path(f"figures-{json_path.parent.name}")
+        out = own_folder(f"figures-{json_path.parent.name}")
     else:
-        out = json_path.parent / "figures"
-    out.mkdir(parents=True, exist_ok=True)
+        out = own_folder(json_path.parent / "figures")  # never through a link planted in a run
     task = ckpt.task()
     size = size or task.train_size
     # The rows it runs with: those asked for; beyond the training size the run's generalisation

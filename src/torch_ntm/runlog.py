@@ -29,6 +29,8 @@ from pathlib import Path
 __all__ = ["FIELDS", "MetricsLog", "read_metrics"]
 
 FIELDS = ["step", "sequences", "elapsed_s", "split", "cost_bits", "bit_errors", "perfect"]
+# The most a metrics.csv may hold (a row is about 80 bytes: millions of rows)
+MAX_METRICS_BYTES = 1 << 30
 _VALUES = FIELDS[4:]
 
 
@@ -41,16 +43,19 @@ def read_metrics(path: str | os.PathLike, split: str | None = None) -> list[dict
             or a row's ``step`` or ``sequences`` is not an integer, or another of its numbers
             not a number (an empty cell is none).
     """
-    from torch_ntm.checkpoint import CheckpointError
+    from torch_ntm.runfiles import CheckpointError, read_own
 
     path = Path(path)
-    if not path.exists():
+    try:  # a regular file of the run's, not a link, of a bounded size
+        text = read_own(path, MAX_METRICS_BYTES, "metrics.csv").decode("utf-8")
+    except FileNotFoundError:
         return []
+    except UnicodeDecodeError as e:
+        raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
     try:
-        with open(path, newline="", encoding="utf-8") as f:
-            reader = csv.DictReader(f)
-            rows = list(reader)
-    except (UnicodeDecodeError, csv.Error) as e:
+        reader = csv.DictReader(io.StringIO(text, newline=""))
+        rows = list(reader)
+    except csv.Error as e:
         raise CheckpointError(f"{path}: not a readable metrics file ({e})") from None
     if reader.fieldnames is None:
         return []  # empty: not a row written yet
@@ -77,6 +82,24 @@ def _is_number(text: str) -> bool:
     return True
 
 
+def _quiet_tensorboard_threads() -> None:
+    """Leave the errors of TensorBoard's writer thread (a folder it may not write, a full disk)
+    to the main thread, which TensorBoard raises them in at its next write or flush (the
+    command line's one line), instead of also printing the thread's traceback."""
+    import threading
+
+    previous = threading.excepthook
+    if getattr(previous, "tensorboard_quiet", False):
+        return
+
+    def hook(args) -> None:
+        if type(args.thread).__name__ != "_AsyncWriterThread":
+            previous(args)
+
+    hook.tensorboard_quiet = True
+    threading.excepthook = hook
+
+
 class MetricsLog:
     """Appends rows to ``run_dir/metrics.csv`` and TensorBoard.
 
@@ -88,7 +111,7 @@ class MetricsLog:
 
     def __init__(self, run_dir: Path, extra_fields: tuple[str, ...] = (),
                  resume_at: tuple[int, int] | None = None):
-        from torch_ntm.checkpoint import atomic_write
+        from torch_ntm.runfiles import atomic_write, own_folder
 
         self.path = run_dir / "metrics.csv"
         self.fields = [*FIELDS, *extra_fields]
@@ -108,7 +131,8 @@ class MetricsLog:
             # Points are logged at their sequence count, so the purge counts sequences (by the
             # step, every resume wiped the points from that many sequences on: most of them).
             purge = None if resume_at is None else resume_at[1] + 1
-            self.tb = SummaryWriter(str(run_dir / "tb"), purge_step=purge)
+            _quiet_tensorboard_threads()
+            self.tb = SummaryWriter(str(own_folder(run_dir / "tb")), purge_step=purge)
         except ImportError:
             pass
 
@@ -117,8 +141,12 @@ class MetricsLog:
         the extra fields)."""
         row = {"step": step, "sequences": sequences, "elapsed_s": f"{elapsed:.3f}",
                "split": split, **{k: f"{values[k]:.6g}" for k in self.values if k in values}}
-        with open(self.path, "a", newline="") as f:
-            csv.DictWriter(f, self.fields).writerow(row)
+        from torch_ntm.runfiles import open_own
+
+        text = io.StringIO(newline="")
+        csv.DictWriter(text, self.fields).writerow(row)
+        with open_own(self.path) as f:
+            f.write(text.getvalue().encode())
         if self.tb is not None:
             for key in self.values:
                 if key in values:

@@ -39,7 +39,17 @@ import time
 import typing
 from pathlib import Path
 
-from torch_ntm.checkpoint import CHECKPOINT_JSON, CheckpointError, load_checkpoint
+from torch_ntm.checkpoint import (
+    CHECKPOINT_JSON,
+    MAX_RECORD_BYTES,
+    CheckpointError,
+    atomic_write,
+    load_checkpoint,
+    lock_run,
+    open_own,
+    own_folder,
+    read_own,
+)
 from torch_ntm.config import ConfigError, differing_keys
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.overrides import apply_overrides
@@ -194,7 +204,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         if key in _OWN_KEYS:
             raise ConfigError(f"--set {key}: the sweep sets {key} itself; use {_OWN_KEYS[key]}")
     if ray_address is not None:
-        _import_ray()  # a missing Ray is a mistake to report before anything runs
+        _import_ray()  # a missing Ray, or no cluster there, is a mistake to report before
+        _check_ray_address(ray_address)  # anything runs
     points = parse_grid(grid)
     given = {item.partition("=")[0].strip() for item in overrides}
     for item in points[0].overrides:  # every point has every grid key
@@ -205,10 +216,22 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
     configs = _point_configs(task, preset, sets, points)
 
     out = Path(out) if out is not None else default_out(task)
+    with lock_run(out, "running a sweep into this folder"):  # one at a time writes its logs
+        return _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequences,
+                      jobs, ray_address, gpus_per_run, grid, echo)
+
+
+def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequences, jobs,
+           ray_address, gpus_per_run, grid, echo) -> dict:
+    """`run_sweep` once its arguments are checked, holding the lock of ``out``."""
     seed_range = range(first_seed, first_seed + seeds)
     runs = [_SeedRun(p, s, out / p.name / f"seed-{s}",
                      [*sets, *p.overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"])
             for p in points for s in seed_range]
+    for run in runs:  # OUT/POINT/seed-S: not a link planted in the sweep's folder
+        if run.point.name:
+            own_folder(out / run.point.name)
+        own_folder(run.run_dir)
     # What each folder holds decides what to do: a complete run is reused, an incomplete one
     # resumed, anything else started afresh (a sweep can be continued by running it again).
     for run in runs:
@@ -241,9 +264,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
     else:
         report.update(summaries[0])
         text = format_report(report, title)
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "report.json").write_text(json.dumps(_finite(report), indent=2) + "\n")
-    (out / "report.md").write_text(text + "\n")
+    atomic_write(out / "report.json", (json.dumps(_finite(report), indent=2) + "\n").encode())
+    atomic_write(out / "report.md", (text + "\n").encode())
     if stopped is not None:
         raise stopped
     return report
@@ -352,8 +374,8 @@ def _start_training(argv: list[str], log: Path, append: bool) -> subprocess.Pope
     """``python argv`` (`_train_argv`) in a child process with one thread, its output in
     ``log``; in a session of its own, so that Ctrl-C reaches the sweep only, which stops the
     children once (SIGTERM: each saves a checkpoint that a continued sweep resumes)."""
-    log.parent.mkdir(parents=True, exist_ok=True)
-    with open(log, "ab" if append else "wb") as f:
+    own_folder(log.parent)
+    with open_own(log, append=append) as f:
         return subprocess.Popen([sys.executable, *argv], stdout=f, stderr=subprocess.STDOUT,
                                 env={**os.environ, "OMP_NUM_THREADS": "1"},
                                 start_new_session=True, preexec_fn=_terminate_with_parent)
@@ -472,6 +494,29 @@ def _train_on_worker(argv: list[str], log: str, append: bool) -> tuple[int, floa
     return proc.returncode, time.perf_counter() - started, platform.node()
 
 
+# How long a sweep waits for the cluster at --ray HOST:PORT to answer (ray.init itself retried
+# a dead address for minutes)
+_RAY_CONNECT_SECONDS = 10
+
+
+def _check_ray_address(address: str) -> None:
+    """Raise `ConfigError` if nothing answers at ``address`` (``HOST:PORT`` or
+    ``ray://HOST:PORT``) within `_RAY_CONNECT_SECONDS`; ``local``, ``auto`` and other forms are
+    left to Ray."""
+    import socket
+
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not port.isdigit() or not host:
+        return
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), _RAY_CONNECT_SECONDS):
+            pass
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"--ray {address}: no Ray cluster answers there ({e}); check the "
+                          f"address, start one with ray start --head, or use --ray (a new local "
+                          f"instance)") from None
+
+
 def _import_ray():
     try:
         import ray
@@ -558,9 +603,10 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     if name.startswith("seed-") and name[5:].lstrip("-").isdigit():
         row["seed"] = int(name[5:])
     try:
-        record = json.loads((run_dir / CHECKPOINT_JSON).read_text())
-    except (OSError, ValueError):  # not started, or failed before its first checkpoint
-        record = {}
+        record = json.loads(read_own(run_dir / CHECKPOINT_JSON, MAX_RECORD_BYTES,
+                                     CHECKPOINT_JSON))
+    except (OSError, ValueError, CheckpointError):  # not started, or failed before its first
+        record = {}  # checkpoint
     config = record.get("config", {})
     row["seed"] = config.get("seed", row["seed"])
     row["nan_steps"] = int(record.get("extra", {}).get("nan_steps", 0))

@@ -28,6 +28,7 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torch_ntm.checkpoint import (
     CheckpointError,
     KeptWeights,
+    atomic_write,
     load_checkpoint,
     lock_run,
     save_checkpoint,
@@ -71,22 +72,33 @@ class TrainResult:
 
 
 class Interrupted(KeyboardInterrupt):
-    """`train` was stopped by SIGINT or SIGTERM and saved a checkpoint at ``step`` first."""
+    """`train` was stopped by SIGINT, SIGTERM or SIGHUP and saved a checkpoint at ``step``
+    first."""
 
     def __init__(self, signum: int, step: int, run_dir: Path):
         super().__init__(f"interrupted by signal {signum} at step {step}")
         self.signum, self.step, self.run_dir = signum, step, run_dir
 
 
+# The signals that stop a training with a checkpoint: Ctrl-C, kill, and a closed terminal or
+# ssh session (SIGHUP, where the platform has it)
+STOP_SIGNALS = tuple(getattr(signal, name) for name in ("SIGINT", "SIGTERM", "SIGHUP")
+                     if hasattr(signal, name))
+
+
 class _StopSignals:
-    """While installed, SIGINT and SIGTERM only ask the loop to stop (``signum``), so that it
-    stops between steps with a checkpoint; a second signal stops at once (KeyboardInterrupt)."""
+    """While installed, the `STOP_SIGNALS` (SIGINT, SIGTERM, SIGHUP) only ask the loop to stop
+    (``signum``), so that it stops between steps with a checkpoint; a second signal stops at
+    once (KeyboardInterrupt). SIGHUP ignored when training starts (``nohup``) stays ignored."""
 
     def __init__(self, enabled: bool):
         self.signum = None
         self.previous = {}
         if enabled and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGINT, signal.SIGTERM):
+            for sig in STOP_SIGNALS:
+                if sig not in (signal.SIGINT, signal.SIGTERM) and \
+                        signal.getsignal(sig) is signal.SIG_IGN:  # SIGHUP under nohup
+                    continue
                 self.previous[sig] = signal.signal(sig, self._handle)
 
     def _handle(self, signum, frame):
@@ -521,7 +533,7 @@ class _Run:
             run_dir.mkdir(parents=True, exist_ok=True)
             resume_at = (self.state.step, self.state.sequences) if resume else None
             self.log = MetricsLog(run_dir, self.task.extra_metrics, resume_at)  # checks it
-            (run_dir / "config.json").write_text(config.to_json() + "\n")
+            atomic_write(run_dir / "config.json", (config.to_json() + "\n").encode())
         self.train_model = self.world.wrap(self.model)
         # Every rank validates the whole (small) set, so all reach the same stopping decision.
         self.val_batches = validation_batches(config, self.task)

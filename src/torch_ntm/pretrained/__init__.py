@@ -24,9 +24,11 @@ from torch import nn
 
 from torch_ntm.checkpoint import (
     CHECKPOINT_JSON,
+    LOCK,
     SHIPPED,
     Checkpoint,
     load_checkpoint,
+    lock_run,
     save_checkpoint,
 )
 from torch_ntm.config import ConfigError
@@ -102,20 +104,28 @@ def load(name: str, *, root: str | os.PathLike | None = None,
 
 
 def export(run_dir: str | os.PathLike, name: str,
-           dest: str | os.PathLike | None = None) -> Path:
+           dest: str | os.PathLike | None = None, *, overwrite: bool = False) -> Path:
     """Write a weights-only copy of a run's checkpoint as model ``name``.
 
     The copy keeps the run's config, step, sequences and training time, and the weights and
-    metrics of its best validation (of its last, for checkpoints that recorded no best);
-    an existing model of that name is replaced (atomically, as any checkpoint).
+    metrics of its best validation (of its last, for checkpoints that recorded no best). It is
+    written holding the folder's lock (`torch_ntm.checkpoint.lock_run`), atomically as any
+    checkpoint. An earlier export of that name in ``dest`` is replaced; a shipped model, a
+    training run or a folder of other files only with ``overwrite``.
 
     Args:
         run_dir: a run directory or its ``checkpoint.json``.
         name: the model's name (letters, digits, ``_``, ``.``, ``-``).
         dest: folder that receives ``NAME/`` (default: the package's own pretrained folder).
+        overwrite: replace a shipped model, or write into a folder that holds a run or files
+            that an export does not write (a run's weights and training state are removed).
 
     Returns:
         The path of the new ``checkpoint.json``.
+
+    Raises:
+        ConfigError: a bad name or ``dest``, or a folder that ``overwrite`` must allow.
+        CheckpointError: the run cannot be read, or another process writes the folder.
     """
     if not _NAME.fullmatch(name):
         raise ConfigError(f"pretrained model name {name!r} must be letters, digits, '_', '.' "
@@ -124,6 +134,40 @@ def export(run_dir: str | os.PathLike, name: str,
         raise ConfigError(f"--dest {dest}: exists and is not a directory")
     ckpt = load_checkpoint(run_dir)
     best = ckpt.best_metrics  # the run's model is its best validation's, where it recorded one
-    return save_checkpoint(_root(dest) / name, ckpt.config, ckpt.model(), step=ckpt.step,
-                           sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
-                           metrics=ckpt.metrics if best is None else best)
+    target = _root(dest) / name
+    if dest is None and not overwrite and (target / CHECKPOINT_JSON).exists():
+        raise ConfigError(f"pretrained model {name!r} is shipped with torch-ntm; export under "
+                          f"another NAME (or into --dest DIR), or pass --overwrite to replace "
+                          f"it")
+    with lock_run(target, "writing this folder"):
+        if not overwrite:
+            _check_replaceable(target)
+        return save_checkpoint(target, ckpt.config, ckpt.model(), step=ckpt.step,
+                               sequences=ckpt.sequences, elapsed_s=ckpt.elapsed_s,
+                               metrics=ckpt.metrics if best is None else best)
+
+
+# What an export writes: its record and weights (and the lock, and a crashed save's leftovers)
+_EXPORTED = re.compile(rf"{re.escape(CHECKPOINT_JSON)}|{re.escape(LOCK)}|"
+                       r"weights-[0-9]+\.safetensors|"
+                       r"\.(checkpoint\.json|weights-[0-9]+\.safetensors)\..*\.tmp")
+
+
+def _check_replaceable(target: Path) -> None:
+    """Raise `ConfigError` unless ``target`` is empty or holds an earlier export: what `export`
+    replaces without ``overwrite``."""
+    held = sorted(p.name for p in target.iterdir())
+    if not (target / CHECKPOINT_JSON).exists():
+        others = [n for n in held if n != LOCK]
+        if others:
+            listed = ", ".join(others[:3]) + (", ..." if len(others) > 3 else "")
+            raise ConfigError(f"{target}: holds files that are not an export ({listed}); export "
+                              f"into an empty folder (another --dest or NAME), or pass "
+                              f"--overwrite to write into it")
+        return
+    record = load_checkpoint(target)._record
+    if any(key in record for key in ("train_state", "best")) or not all(
+            _EXPORTED.fullmatch(n) for n in held):
+        raise ConfigError(f"{target}: holds a training run (or files an export does not "
+                          f"write), which an export would destroy; choose another --dest or "
+                          f"NAME, or pass --overwrite to replace it")
