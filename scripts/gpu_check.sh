@@ -57,9 +57,10 @@ rows.append(("CUDA checks (gpu_check.py)", f"{sum(c['passed'] for c in checks)}/
              "all pass"))
 if checks:
     rows.append(("first call of a bucket (capture), worst", f"{max(c['first_call_s'] for c in checks):.1f} s", "<= 10 s"))
-m = re.search(r"(\d+) passed", read("pytest.txt"))
-f = re.search(r"(\d+) failed", read("pytest.txt"))
-rows.append(("pytest CUDA tests", f"{m.group(1) if m else 0} passed, {f.group(1) if f else 0} failed" if m or f else read("pytest.txt").strip()[:60], "all pass"))
+counts = {k: re.search(rf"(\d+) {k}", read("pytest.txt")) for k in ("passed", "failed", "skipped")}
+counts = {k: int(m.group(1)) if m else 0 for k, m in counts.items()}
+rows.append(("pytest CUDA and graphs tests", ", ".join(f"{v} {k}" for k, v in counts.items())
+             if any(counts.values()) else read("pytest.txt").strip()[:60], "all pass, none skipped"))
 rows.append(("bench whole", read("bench.time").strip(), "<= 180 s"))
 try:
     bench = json.loads(read("bench.json"))
