@@ -532,3 +532,40 @@ def test_a_run_validates_on_the_validation_split_and_evaluation_reports_the_test
     held_out = config.task_params.held_out()
     (batch, _), *_ = fixed_batches(held_out, 16, 16)
     assert {c for row in _identify(batch, table) for c, _, _ in row} <= test
+
+
+@pytest.mark.slow
+def test_ntm_train_and_evaluate_on_the_full_zips_layout(tmp_path, monkeypatch, capsys):
+    # A user with the full Omniglot: `task.root=` a folder with images_background.zip and
+    # images_evaluation.zip in the archives' own layout. Here 7 + 3 characters with the split
+    # point and the validation stride scaled down (1,200 and 10 for the real archives): the
+    # first 7 are the training alphabets' (2 of them validation), the last 3 the test split.
+    import json
+
+    from torch_ntm.cli import main
+    from torch_ntm.runlog import read_metrics
+
+    background = {("Alpha", f"character{i:02d}"): 9 + 4 * i for i in range(1, 5)}
+    background |= {("Beta", f"character{i:02d}"): 30 + 6 * i for i in range(1, 4)}
+    evaluation = {("Gamma", f"character{i:02d}"): 60 + 7 * i for i in range(1, 4)}
+    _zip(tmp_path / "images_background.zip", "images_background", background)
+    _zip(tmp_path / "images_evaluation.zip", "images_evaluation", evaluation)
+    monkeypatch.setattr(omniglot, "PAPER_TRAIN_CHARACTERS", 7)
+    monkeypatch.setattr(omniglot, "VAL_EVERY", 3)
+    root = str(tmp_path)
+    assert [len(split_characters(s, root)) for s in ("train", "val", "test")] == [5, 2, 3]
+    run = tmp_path / "run"
+    settings = [f"task.root={root}", "task.classes=2", "task.instances=2", "batch_size=4",
+                "max_sequences=16", "eval_every=2", "eval_sequences=8", "controller_size=8",
+                "memory_size=8", "memory_width=4", "read_heads=1", "ema_decay=0"]
+    argv = ["train", "omniglot", "--out", str(run)]
+    for item in settings:
+        argv += ["--set", item]
+    assert main(argv) == 0
+    assert json.loads((run / "config.json").read_text())["task_params"]["root"] == root
+    assert len(read_metrics(run / "metrics.csv", "val")) == 2
+    capsys.readouterr()
+    assert main(["evaluate", str(run), "--json", "--sequences", "8"]) == 0
+    report = json.loads(capsys.readouterr().out)  # the test split's 3 characters
+    assert report["split"] == "test" and report["sequences"] == 8
+    assert set(report["accuracy_by_instance"]) == {"1", "2"}
