@@ -23,6 +23,9 @@ def _check_agrees(program, model, x, *state):
 
 
 def test_exported_ntm_is_the_eager_function_at_new_lengths_and_batch_sizes():
+    # A dynamic batch after other exports in this process (the DNC's, at a fixed batch): torch
+    # carries a guard on an earlier program's batch size over, so reset first (docs/guide.md).
+    torch.compiler.reset()
     torch.manual_seed(0)
     model = NTM(9, 8, memory_size=16, controller_layers=2, read_heads=2, write_heads=2,
                 shift_range=2, dtype=torch.float64).eval()
