@@ -246,3 +246,20 @@ def test_cuda_graphs_match_eager_and_capture_once_per_bucket(which):
         _assert_same(_grads(model, x, _eager(model)),
                      _grads(model, x, lambda x, s: model(x, s)))
     assert len(graphs._GRAPHS[model]) == 2
+
+
+def test_hooks_inside_the_model_keep_it_off_the_graphs_engine():
+    # A replay calls none of the model's modules, so their hooks would silently not run; the
+    # model's own hooks run around forward as ever and do not count.
+    model = _models()[0]
+    assert not graphs._hooked_inside(model)
+    handle = model.register_forward_hook(lambda *args: None)
+    assert not graphs._hooked_inside(model)
+    handle.remove()
+    handle = model.controller.register_forward_hook(lambda *args: None)
+    assert graphs._hooked_inside(model)
+    handle.remove()
+    handle = model.head_params.register_full_backward_hook(lambda *args: None)
+    assert graphs._hooked_inside(model)
+    handle.remove()
+    assert not graphs._hooked_inside(model)

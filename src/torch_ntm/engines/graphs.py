@@ -83,9 +83,16 @@ def why_not(model: torch.nn.Module, x: Tensor) -> str | None:
         return "torch.autocast is enabled (a graph keeps the dtypes it was captured with)"
     if torch.cuda.is_current_stream_capturing():
         return "a CUDA graph is being captured around the call"
-    if any(hook for hook in (model._forward_hooks, model._forward_pre_hooks)):
-        return "the model has forward hooks (a replay would not call them)"
+    if _hooked_inside(model):
+        return "a module inside the model has hooks (a replay would not call them)"
     return None
+
+
+def _hooked_inside(model: torch.nn.Module) -> bool:
+    """Whether a module inside ``model`` has forward or backward hooks: the replay of a captured
+    sequence calls none of its modules (the model's own hooks run around `forward` as ever)."""
+    return any(m._forward_hooks or m._forward_pre_hooks or m._backward_hooks
+               or m._backward_pre_hooks for m in model.modules() if m is not model)
 
 
 @dataclass
