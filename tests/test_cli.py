@@ -402,3 +402,63 @@ def test_attention_figure_has_a_panel_for_every_head(heads, grid, tmp_path, monk
         + [f"read weighting (head {h})" for h in range(read)])
     rows, cols = grid  # beside each other up to 4 panels, else writes above reads
     assert {ax.get_subplotspec().get_geometry()[:2] for ax in panels} == {(rows, cols)}
+
+
+@pytest.mark.parametrize("write_heads", [1, 2])
+def test_the_dnc_figures_show_its_usage_gates_links_and_read_modes(write_heads, tmp_path,
+                                                                   monkeypatch):
+    """A DNC's own figures hold the trace's values: usage over the rows in use, each gate's
+    curve, the last link matrix over the written rows, and every read head's modes."""
+    import matplotlib.image
+    import torch
+
+    from torch_ntm import DNC, plot
+
+    figures, save = {}, plot._save
+    monkeypatch.setattr(plot, "_save", lambda fig, path: figures.setdefault(path.name, fig)
+                        and save(fig, path))
+    torch.manual_seed(0)
+    model = DNC(4, 3, controller_size=8, memory_size=12, memory_width=4, read_heads=2,
+                write_heads=write_heads)
+    _, _, trace = model.trace(torch.rand(7, 1, 4))  # with gradients, as a user calls it
+    paths = [plot.plot_usage(trace, tmp_path / "usage.png"),
+             plot.plot_link(trace, tmp_path / "link.png"),
+             plot.plot_read_modes(trace, tmp_path / "read_modes.png")]
+    for path in paths:
+        assert matplotlib.image.imread(path)[..., :3].std() > 0.05, path
+
+    def images(name):
+        return [im.get_array() for ax in figures[name].axes for im in ax.get_images()]
+
+    def used(w):  # the rows the figure must show: every row with weight above 1e-2
+        return (w.detach().reshape(-1, w.shape[-1]) > 1e-2).any(0).nonzero()[:, 0]
+
+    # usage: rows ever used or written, over time; then one curve per gate
+    usage = trace.usage[:, 0]
+    rows = used(torch.cat([usage, trace.write_weights[:, 0].flatten(0, 1)]))
+    (shown,) = images("usage.png")
+    assert shown.shape == (len(rows), 7)
+    assert (shown == usage[:, rows].T.detach().numpy()).all()
+    lines = [line for ax in figures["usage.png"].axes for line in ax.get_lines()]
+    gates = ([trace.write_gates[:, 0, h] for h in range(write_heads)]
+             + [trace.allocation_gates[:, 0, h] for h in range(write_heads)]
+             + [trace.free_gates[:, 0, r] for r in range(2)])
+    assert len(lines) == len(gates)
+    for line, gate in zip(lines, gates):
+        assert (line.get_ydata() == gate.detach().numpy()).all()
+    # link: the last step's matrix of each write head, over the rows that head wrote
+    shown = images("link.png")
+    assert len(shown) == write_heads
+    for h, image in enumerate(shown):
+        rows = used(trace.write_weights[:, 0, h])
+        assert (image == trace.link[-1, 0, h][rows][:, rows].detach().numpy()).all()
+    titles = [ax.get_title() for ax in figures["link.png"].axes if ax.get_images()]
+    assert titles == [f"link matrix after step 6 (write head {h})" for h in range(write_heads)]
+    # read modes: each read head's modes (rows) over time, named backward, content, forward
+    shown = images("read_modes.png")
+    assert len(shown) == 2
+    for r, image in enumerate(shown):
+        assert (image == trace.read_modes[:, 0, r].T.detach().numpy()).all()
+    names = [t.get_text() for t in figures["read_modes.png"].axes[0].get_yticklabels()]
+    assert names == (["backward", "content", "forward"] if write_heads == 1 else
+                     ["backward 0", "backward 1", "content", "forward 0", "forward 1"])

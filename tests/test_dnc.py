@@ -547,7 +547,8 @@ def test_ntm_train_trains_a_dnc_that_evaluate_and_plot_read_back(tmp_path, capsy
     assert config["model"] == "dnc" and config["sparse_link"] == 0
     costs = [float(r["cost_bits"]) for r in read_metrics(run / "metrics.csv", "val")]
     assert len(costs) == 3 and costs[0] > costs[1] > costs[2] and costs[2] < 0.9 * costs[0]
-    assert {p.name for p in (run / "figures").iterdir()} >= {"attention.png", "memory.png"}
+    assert {p.name for p in (run / "figures").iterdir()} >= {
+        "attention.png", "memory.png", "usage.png", "link.png", "read_modes.png"}
     capsys.readouterr()
     assert main(["evaluate", str(run), "--json"]) == 0
     assert json.loads(capsys.readouterr().out)

@@ -8,10 +8,13 @@
 - ``learning_curve.png``: training and validation cost and bit errors against sequences seen;
 - ``generalisation.png``: bit errors and perfect sequences against task size;
 - for a label task (Omniglot) instead: ``accuracy.png``, accuracy against the instance of a
-  class (1st .. 10th) on held-out episodes (`torch_ntm.evaluate.evaluate_episodes`).
+  class (1st .. 10th) on held-out episodes (`torch_ntm.evaluate.evaluate_episodes`);
+- for a `DNC`, also ``usage.png`` (memory usage over time, with the write, allocation and free
+  gates), ``link.png`` (the temporal link matrix after the last step) and ``read_modes.png`` (each
+  read head's backward, content and forward modes over time).
 
-Attention and memory figures are drawn for an `NTM`; ``io.png`` shows the output as the task
-scores it (a sigmoid per bit, or a softmax per label).
+Attention and memory figures are drawn for an `NTM` and a `DNC`; ``io.png`` shows the output as
+the task scores it (a sigmoid per bit, or a softmax per label).
 """
 
 from __future__ import annotations
@@ -59,15 +62,32 @@ def _visited_rows(weights: torch.Tensor, margin: int = 2, threshold: float = 1e-
     return (torch.arange(length) + start - lo) % n
 
 
-def _row_axis(ax, rows: torch.Tensor) -> None:
-    """Label the y axis with real memory-row indices (rows may wrap around)."""
+def _used_rows(weights: torch.Tensor, threshold: float = 1e-2) -> torch.Tensor:
+    """Indices of the memory rows that ``weights`` (``[..., N]``) ever puts more than
+    ``threshold`` on, in order; every row when none. A DNC allocates rows anywhere, so unlike
+    `_visited_rows` they need not form one block."""
+    hit = (weights.detach().reshape(-1, weights.shape[-1]) > threshold).any(0)
+    return hit.nonzero()[:, 0] if hit.any() else torch.arange(weights.shape[-1])
+
+
+def _integer_axis(axis) -> None:
+    """Ticks at whole numbers only (time steps)."""
+    from matplotlib.ticker import MaxNLocator
+
+    axis.set_major_locator(MaxNLocator(integer=True))
+
+
+def _row_axis(ax, rows: torch.Tensor, label: str = "memory row", axis: str = "y") -> None:
+    """Label an axis (``"y"`` or ``"x"``) with real memory-row indices (rows may wrap around or
+    skip)."""
     from matplotlib.ticker import FuncFormatter, MaxNLocator
 
     labels = rows.tolist()
-    ax.yaxis.set_major_locator(MaxNLocator(integer=True, nbins=8))
-    ax.yaxis.set_major_formatter(
+    target = ax.yaxis if axis == "y" else ax.xaxis
+    target.set_major_locator(MaxNLocator(integer=True, nbins=8))
+    target.set_major_formatter(
         FuncFormatter(lambda v, _: str(labels[int(v)]) if 0 <= int(v) < len(labels) else ""))
-    ax.set_ylabel("memory row")
+    target.set_label_text(label)
 
 
 def _array(t: torch.Tensor):
@@ -152,6 +172,83 @@ def plot_memory(trace, path: Path, snapshots: int = 4) -> Path:
         ax.set_xlabel("column")
         _row_axis(ax, rows)
     fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="value")
+    return _save(fig, path)
+
+
+def plot_usage(trace, path: Path) -> Path:
+    """A `DNC`'s memory usage over time (the rows ever in use or written; the usage each step's
+    allocation saw, before its write) above its gates: each write head's write and allocation
+    gates and each read head's free gate (the first sequence of the batch)."""
+    plt = _pyplot()
+    usage, writes = trace.usage[:, 0], trace.write_weights[:, 0]  # (T, N), (T, Hw, N)
+    rows = _used_rows(torch.cat([usage, writes.flatten(0, 1)]))
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True, height_ratios=(2, 1),
+                                      layout="constrained")
+    im = top.imshow(_array(usage[:, rows].T), aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                    origin="lower", interpolation="nearest")
+    top.set_title("usage (before each step's write)", fontsize=10)
+    _row_axis(top, rows)
+    fig.colorbar(im, ax=top, shrink=0.8, label="usage")
+    gates = [(f"write gate (write head {h})", trace.write_gates[:, 0, h])
+             for h in range(trace.write_gates.shape[2])]
+    gates += [(f"allocation gate (write head {h})", trace.allocation_gates[:, 0, h])
+              for h in range(trace.allocation_gates.shape[2])]
+    gates += [(f"free gate (read head {r})", trace.free_gates[:, 0, r])
+              for r in range(trace.free_gates.shape[2])]
+    for label, gate in gates:
+        bottom.plot(_array(gate), label=label, linewidth=1.2)
+    bottom.set_ylim(-0.02, 1.02)
+    bottom.set_ylabel("gate")
+    bottom.set_xlabel("time step")
+    _integer_axis(bottom.xaxis)
+    bottom.legend(fontsize=7, ncol=2, loc="upper right")
+    return _save(fig, path)
+
+
+def plot_link(trace, path: Path) -> Path:
+    """A `DNC`'s temporal link matrix after the last step, one panel per write head, over the
+    rows it wrote: entry (i, j) is how much row i was written right after row j."""
+    plt = _pyplot()
+    link = trace.link[-1, 0]  # (Hw, N, N)
+    heads, last = link.shape[0], trace.link.shape[0] - 1
+    fig, axes = plt.subplots(1, heads, figsize=(5.5 * heads, 5), squeeze=False,
+                             layout="constrained")
+    for h, ax in enumerate(axes[0]):
+        rows = _used_rows(trace.write_weights[:, 0, h])
+        im = ax.imshow(_array(link[h][rows][:, rows]), cmap="viridis", vmin=0, vmax=1,
+                       origin="lower", interpolation="nearest")
+        ax.set_title(f"link matrix after step {last} (write head {h})", fontsize=10)
+        _row_axis(ax, rows, "row i, written after")
+        _row_axis(ax, rows, "row j, written before", axis="x")
+    fig.colorbar(im, ax=axes[0].tolist(), shrink=0.8, label="link")
+    return _save(fig, path)
+
+
+def _read_mode_names(write_heads: int) -> list[str]:
+    """The names of a `DNC` read head's modes, in `DNCTrace.read_modes`' order: backward per
+    write head, content, forward per write head."""
+    if write_heads == 1:
+        return ["backward", "content", "forward"]
+    return ([f"backward {h}" for h in range(write_heads)] + ["content"]
+            + [f"forward {h}" for h in range(write_heads)])
+
+
+def plot_read_modes(trace, path: Path) -> Path:
+    """Each `DNC` read head's modes over time (the first sequence of the batch): how much of its
+    weighting follows the link matrix backward or forward, and how much is content lookup."""
+    plt = _pyplot()
+    modes = trace.read_modes[:, 0]  # (T, R, 2 Hw + 1)
+    heads, names = modes.shape[1], _read_mode_names((modes.shape[2] - 1) // 2)
+    fig, axes = plt.subplots(heads, 1, figsize=(9, 1.2 + 0.45 * len(names) * heads),
+                             sharex=True, squeeze=False, layout="constrained")
+    for r, ax in enumerate(axes[:, 0]):
+        im = ax.imshow(_array(modes[:, r].T), aspect="auto", cmap="viridis", vmin=0, vmax=1,
+                       interpolation="nearest")
+        ax.set_yticks(range(len(names)), names, fontsize=8)
+        ax.set_title(f"read modes (read head {r})", fontsize=10)
+    axes[-1, 0].set_xlabel("time step")
+    _integer_axis(axes[-1, 0].xaxis)
+    fig.colorbar(im, ax=axes[:, 0].tolist(), shrink=0.8, label="weight")
     return _save(fig, path)
 
 
@@ -294,6 +391,10 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
         logits, _, trace = model.trace(batch.inputs)
         paths.append(plot_attention(trace, out / "attention.png"))
         paths.append(plot_memory(trace, out / "memory.png"))
+        if isinstance(model, DNC):  # what only a DNC has: usage and gates, links, read modes
+            paths.append(plot_usage(trace, out / "usage.png"))
+            paths.append(plot_link(trace, out / "link.png"))
+            paths.append(plot_read_modes(trace, out / "read_modes.png"))
     else:
         logits, _ = model(batch.inputs)
     probabilities = task_objective(task).probabilities(logits[:, 0])
