@@ -462,3 +462,50 @@ def test_the_dnc_figures_show_its_usage_gates_links_and_read_modes(write_heads, 
     names = [t.get_text() for t in figures["read_modes.png"].axes[0].get_yticklabels()]
     assert names == (["backward", "content", "forward"] if write_heads == 1 else
                      ["backward 0", "backward 1", "content", "forward 0", "forward 1"])
+
+
+def test_evaluate_seeds_scores_one_set_per_seed(trained, capsys):
+    # Each seed's rows are what that seed alone gives; the default seed is 2014.
+    def rows(*extra):
+        assert main(["evaluate", str(trained), "--lengths", "2,3", "--sequences", "8", "--json",
+                     *extra]) == 0
+        return json.loads(capsys.readouterr().out)
+
+    both = rows("--seeds", "5,2014")
+    assert [(r["seed"], r["length"]) for r in both] == [(5, 2), (5, 3), (2014, 2), (2014, 3)]
+    assert rows("--seeds", "5") == both[:2]  # named seeds are a column, even one
+    assert [{k: v for k, v in r.items() if k != "seed"} for r in both[2:]] == rows()
+    assert both[0]["cost_bits"] != both[2]["cost_bits"]  # other sequences
+
+
+@pytest.mark.parametrize("seeds", ["1,1", "-1", "a"])
+def test_evaluate_seeds_must_be_distinct_non_negative_integers(trained, seeds, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        main(["evaluate", str(trained), f"--seeds={seeds}"])
+    assert exit_.value.code == 2
+    assert "--seeds: expected" in capsys.readouterr().err
+
+
+def test_evaluate_seeds_of_omniglot_gives_each_set_and_their_mean_and_range(capsys):
+    import statistics
+
+    def run(*extra):
+        assert main(["evaluate", "--pretrained", "omniglot", "--sequences", "20", *extra]) == 0
+        return capsys.readouterr().out
+
+    report = json.loads(run("--seeds", "3,4,5", "--json"))
+    assert report["split"] == "test" and report["episodes_per_set"] == 20
+    assert [s["seed"] for s in report["sets"]] == [3, 4, 5]
+    for s in report["sets"]:  # each set as that seed alone scores it
+        alone = json.loads(run("--seeds", str(s["seed"]), "--json"))
+        assert s["cost_bits"] == alone["cost_bits"]
+        assert [s[f"accuracy_{k}"] for k in range(1, 11)] == [
+            alone["accuracy_by_instance"][str(k)] for k in range(1, 11)]
+    for key in ("cost_bits", "accuracy_2", "accuracy_10"):
+        values = [s[key] for s in report["sets"]]
+        assert report["mean"][key] == pytest.approx(statistics.fmean(values))
+        assert (report["min"][key], report["max"][key]) == (min(values), max(values))
+    assert len({s["accuracy_2"] for s in report["sets"]}) > 1  # the sets differ
+    table = run("--seeds", "3,4,5").splitlines()
+    assert table[0].startswith("3 sets of 20 held-out episodes (test split)")
+    assert [line.split()[0] for line in table[2:]] == ["3", "4", "5", "mean", "min", "max"]

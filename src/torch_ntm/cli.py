@@ -25,6 +25,16 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _seed_list(text: str) -> list[int]:
+    try:
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    if not values or min(values) < 0 or len(set(values)) < len(values):
+        raise argparse.ArgumentTypeError(f"expected distinct seeds >= 0, got {text!r}")
+    return values
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -92,6 +102,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--task-set", dest="task_overrides", action="append", default=[],
                    metavar="KEY=VALUE", help="change a task parameter for the evaluation, e.g. "
                    "--task-set min_repeats=20 --task-set max_repeats=20 (repeatable)")
+    p.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...",
+                   help="draw the held-out data from each of these seeds (default 2014): one "
+                   "set per seed, each scored alone; with several, the mean and the range too")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("plot", help="write figures of a run or checkpoint")
@@ -352,7 +365,7 @@ def _cmd_evaluate(args) -> int:
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.config import MAX_EVAL_STEPS, ConfigError, check_set_size, check_steps
     from torch_ntm.engines import prepare
-    from torch_ntm.evaluate import evaluate_sizes, format_table
+    from torch_ntm.evaluate import EVAL_SEED, evaluate_sizes, format_table
     from torch_ntm.factories import build_task
     from torch_ntm.overrides import apply_overrides
 
@@ -388,14 +401,18 @@ def _cmd_evaluate(args) -> int:
     num = args.sequences or 100
     for size in sizes:  # each size's sequences are drawn at once
         check_set_size(task.held_out().with_size(size), num, f"--lengths {size}", "--sequences ")
-    if args.repeats is None:
-        rows = evaluate_sizes(model, task, sizes, num_sequences=num)
-    else:  # one row per (length, repeats), lengths first
-        rows = [{task.size_name: row.pop(task.size_name), "repeats": repeats, **row}
-                for repeats in args.repeats
-                for row in evaluate_sizes(model, task.with_repeats(repeats), sizes,
-                                          num_sequences=num)]
-        rows.sort(key=lambda row: (row[task.size_name], row["repeats"]))
+    rows = []
+    for seed in args.seeds or [EVAL_SEED]:
+        if args.repeats is None:
+            each = evaluate_sizes(model, task, sizes, num_sequences=num, seed=seed)
+        else:  # one row per (length, repeats), lengths first
+            each = [{task.size_name: row.pop(task.size_name), "repeats": repeats, **row}
+                    for repeats in args.repeats
+                    for row in evaluate_sizes(model, task.with_repeats(repeats), sizes,
+                                              num_sequences=num, seed=seed)]
+            each.sort(key=lambda row: (row[task.size_name], row["repeats"]))
+        # several seeds: a column naming each row's set, first
+        rows += [{"seed": seed, **row} if args.seeds else row for row in each]
     if args.json:
         print(json.dumps(rows, indent=2))
     else:
@@ -406,7 +423,7 @@ def _cmd_evaluate(args) -> int:
 def _evaluate_episodes(args, model, task) -> int:
     """`ntm evaluate` of a label task (Omniglot): accuracy by instance on held-out episodes."""
     from torch_ntm.config import ConfigError, check_set_size
-    from torch_ntm.evaluate import HELD_OUT_EPISODES, evaluate_episodes
+    from torch_ntm.evaluate import EVAL_SEED, HELD_OUT_EPISODES, evaluate_episodes
 
     if args.lengths is not None:
         raise ConfigError(f"--lengths does not apply to {task.name}: it is scored by accuracy at "
@@ -414,13 +431,49 @@ def _evaluate_episodes(args, model, task) -> int:
                           f"instances=N")
     episodes = args.sequences or HELD_OUT_EPISODES
     check_set_size(task.held_out(), episodes, "the held-out episodes", "--sequences ")
-    row = evaluate_episodes(model, task, episodes)
+    if args.seeds is not None and len(args.seeds) > 1:
+        return _evaluate_episode_sets(args, model, task, episodes)
+    (seed,) = args.seeds or [EVAL_SEED]
+    row = evaluate_episodes(model, task, episodes, seed=seed)
     if args.json:
         accuracy = {str(k): v for k, v in row.pop("accuracy_by_instance").items()}
         print(json.dumps({"task": task.name, "split": _split(task),
                           "accuracy_by_instance": accuracy, **row}, indent=2))
     else:
         _print_episodes(row, task)
+    return 0
+
+
+def _evaluate_episode_sets(args, model, task, episodes: int) -> int:
+    """`ntm evaluate --seeds A,B,...` of a label task: one set of held-out episodes per seed,
+    each scored alone, then their mean and range (a model's level, not one favourable set)."""
+    import statistics
+
+    from torch_ntm.evaluate import evaluate_episodes, format_table
+
+    sets = []
+    for seed in args.seeds:
+        row = evaluate_episodes(model, task, episodes, seed=seed)
+        accuracy = row.pop("accuracy_by_instance")
+        sets.append({"seed": seed, **row, **{f"accuracy_{k}": v for k, v in accuracy.items()}})
+    keys = [k for k in sets[0] if k not in ("seed", "sequences")]
+    summary = {name: {k: fold([s[k] for s in sets]) for k in keys}
+               for name, fold in (("mean", statistics.fmean), ("min", min), ("max", max))}
+    if args.json:
+        print(json.dumps({"task": task.name, "split": _split(task), "episodes_per_set": episodes,
+                          "sets": sets, **summary}, indent=2))
+        return 0
+    instances = [k for k in PRINTED_INSTANCES if f"accuracy_{k}" in sets[0]]
+    columns = ["cost_bits", "bit_errors", *(f"accuracy_{k}" for k in instances)]
+    names = {"cost_bits": "cost", "bit_errors": "wrong",
+             **{f"accuracy_{k}": f"instance {k}" for k in instances}}
+    table = [{"set": str(s["seed"]), **{names[c]: s[c] for c in columns}} for s in sets]
+    table += [{"set": name, **{names[c]: row[c] for c in columns}}
+              for name, row in summary.items()]
+    print(f"{len(sets)} sets of {episodes} held-out episodes ({_split(task)} split), one per "
+          f"seed; accuracy at each instance of a class, cost in bits and wrong labels per "
+          f"episode:")
+    print(format_table(table))
     return 0
 
 
