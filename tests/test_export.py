@@ -73,3 +73,15 @@ def test_torch_jit_trace_is_refused_with_the_way_to_export():
     user never gave."""
     with pytest.raises(RuntimeError, match=r"torch.jit.trace .* use torch.export.export"):
         torch.jit.trace(NTM(4, 3), (torch.rand(5, 2, 4),))
+
+
+def test_exported_mann_is_the_eager_function_at_new_lengths():
+    from torch_ntm import MANN
+
+    torch.manual_seed(2)
+    model = MANN(7, 5, controller_size=12, memory_size=10, memory_width=6, read_heads=2,
+                 learned_beta=True, dtype=torch.float64).eval()
+    program = torch.export.export(model, (torch.rand(6, 3, 7, dtype=torch.float64),),
+                                  dynamic_shapes={"x": {0: Dim("T")}})
+    for steps in (11, 2):
+        _check_agrees(program, model, torch.rand(steps, 3, 7, dtype=torch.float64))

@@ -96,3 +96,35 @@ def test_packed_input_of_the_wrong_width_or_to_trace_is_a_clear_error():
         ntm.trace(pack_sequence(sequences()[:2], enforce_sorted=False))
     with pytest.raises(TypeError, match="or a PackedSequence, got list"):
         ntm([1, 2, 3])
+
+
+@pytest.mark.parametrize("engine", ["eager", "auto"])
+def test_a_mann_takes_packed_sequences_as_each_alone(engine):
+    # The MANN runs over sequences as the NTM and the DNC do (`torch_ntm.sequence`): packed
+    # outputs, final states and gradients are each sequence's alone, on the native engine too.
+    from torch_ntm import MANN
+
+    torch.manual_seed(0)
+    mann = MANN(4, 3, controller_size=6, memory_size=7, memory_width=5, read_heads=2,
+                learned_beta=True, engine=engine, dtype=torch.float64)
+    seqs = sequences()
+    packed = pack_sequence(seqs, enforce_sorted=False)
+    if engine == "auto":
+        assert mann.runs_on(packed.data.unsqueeze(1)) == "native"
+    y, state = mann(packed)
+    outputs, lengths = pad_packed_sequence(y)
+    assert lengths.tolist() == LENGTHS
+    loss = (y.data ** 2).sum() + (state.memory ** 2).sum()
+    grads = torch.autograd.grad(loss, list(mann.parameters()))
+    expected_loss = 0.0
+    for i, seq in enumerate(seqs):
+        out, last = mann(seq.unsqueeze(1))
+        torch.testing.assert_close(outputs[: LENGTHS[i], i], out[:, 0])
+        for name, got, want in zip(type(state)._fields[1:], state[1:], last[1:]):
+            torch.testing.assert_close(got[i:i + 1], want, msg=name)
+        for got, want in zip(state.controller, last.controller):
+            torch.testing.assert_close(got[:, i:i + 1], want)
+        expected_loss = expected_loss + (out ** 2).sum() + (last.memory ** 2).sum()
+    expected = torch.autograd.grad(expected_loss, list(mann.parameters()))
+    for (name, _), a, b in zip(mann.named_parameters(), grads, expected):
+        torch.testing.assert_close(a, b, msg=name)

@@ -33,7 +33,6 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
 
 from torch_ntm import engines
 from torch_ntm.checks import (
@@ -45,13 +44,10 @@ from torch_ntm.checks import (
     one_dtype,
     positive_int,
     read_only_options,
-    sequence_layout,
-    time_major,
 )
 from torch_ntm.controllers import CONTROLLERS
-from torch_ntm.engines import graphs
 from torch_ntm.layout import DNCLayout, DNCState
-from torch_ntm.packed import forward_packed
+from torch_ntm.sequence import SequenceModel
 
 __all__ = ["DNC", "DNCCell", "DNCOptions", "DNCState", "DNCTrace", "ENGINES"]
 
@@ -253,7 +249,7 @@ class DNCCell(_DNCBase):
         return cell_step(self, x, state)
 
 
-class DNC(_DNCBase):
+class DNC(SequenceModel, _DNCBase):
     """A Differentiable Neural Computer (Graves et al. 2016) over sequences, with an
     `nn.LSTM`-like interface (as `torch_ntm.NTM`).
 
@@ -290,6 +286,8 @@ class DNC(_DNCBase):
         logits, state = dnc(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
+    _state_type = DNCState  # no native engine yet: `runs_on` gives graphs on CUDA, else eager
+
     def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
                  controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
                  memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
@@ -301,100 +299,7 @@ class DNC(_DNCBase):
                          memory_size=memory_size, memory_width=memory_width,
                          read_heads=read_heads, write_heads=write_heads,
                          sparse_link=sparse_link, device=device, dtype=dtype)
-        self.batch_first = bool(batch_first)
-        self.engine = engine
-
-    @property
-    def engine(self) -> str:
-        return self._engine
-
-    @engine.setter
-    def engine(self, value: str) -> None:
-        self._engine = engines.check_engine(value)
-
-    def runs_on(self, x: Tensor) -> str:
-        """The engine that `forward` runs on input ``x``: ``"graphs"`` for a CUDA input, else
-        ``"eager"`` (no native engine yet; `torch_ntm.engines.choose`)."""
-        return engines.choose(self, x, None)
-
-    def extra_repr(self) -> str:
-        return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
-                + (f", engine={self.engine!r}" if self.engine != "auto" else ""))
-
-    def config(self) -> dict:
-        return {**super().config(), "batch_first": self.batch_first}
-
-    def _prepare(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
-        """``x`` time-major and checked, and the state to start from."""
-        if isinstance(x, PackedSequence):
-            raise TypeError("DNC.trace takes a padded tensor, not a PackedSequence: unpack it "
-                            "with torch.nn.utils.rnn.pad_packed_sequence")
-        x = time_major(self, x)
-        self._check_dtype(x)
-        if state is None:
-            state = self.initial_state(x.shape[1], x.device, x.dtype)
-        else:
-            self._check_state(state, x.shape[1], x)
-        return x, state
-
-    def _finish(self, y: Tensor) -> Tensor:
-        """Time-major outputs ``[T, B, output_size]`` in the module's layout."""
-        return y.transpose(0, 1) if self.batch_first else y
-
-    def forward(self, x: Tensor | PackedSequence, state: DNCState | None = None
-                ) -> tuple[Tensor | PackedSequence, DNCState]:
-        """Args:
-            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``), or a
-                `PackedSequence` of sequences of different lengths (as for `nn.LSTM`).
-            state: `DNCState` to continue from, or None for `initial_state`; for a packed input,
-                in the order of the sequences before packing.
-
-        Returns:
-            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first), or a
-            `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
-            last step.
-        """
-        if torch.jit.is_tracing():
-            raise RuntimeError(
-                "DNC does not support torch.jit.trace (a trace would also fix the sequence "
-                "length); use torch.export.export(dnc, (x,), dynamic_shapes=...), which traces "
-                "one program for every length")
-        if isinstance(x, PackedSequence):
-            return forward_packed(x, state, self._forward_padded, batch_first=self.batch_first,
-                                  input_size=self.input_size, name="DNC")
-        if not isinstance(x, Tensor):
-            raise TypeError(f"DNC expects a tensor of shape {sequence_layout(self)} or a "
-                            f"PackedSequence, got {type(x).__name__}")
-        return self._forward_padded(x, state)
-
-    def _forward_padded(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
-        if torch.compiler.is_exporting():
-            return self._forward_scan(x, state)
-        x, state = self._prepare(x, state)
-        if self.runs_on(x) == "graphs":  # a CUDA input; on the CPU, eager (no native engine yet)
-            y, state = graphs.forward(self, x, state, self._step)
-            return one_dtype(self._finish(y), state, x)
-        outputs = []
-        for x_t in x:
-            y, state = self._step(x_t, state)
-            outputs.append(y)
-        return one_dtype(self._finish(torch.stack(outputs)), state, x)
-
-    def _forward_scan(self, x: Tensor, state: DNCState | None) -> tuple[Tensor, DNCState]:
-        """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
-        time axis of any length, where a Python loop would fix the traced length."""
-        from torch._higher_order_ops.scan import scan
-
-        x, state = self._prepare(x, state)
-        layers = len(state.controller)
-
-        def step(carry: tuple, x_t: Tensor) -> tuple[tuple, Tensor]:  # flat tensors in and out
-            y, new = self._step(x_t, DNCState(tuple(carry[:layers]), *carry[layers:]))
-            return (*new.controller, *new[1:]), y
-
-        flat = tuple(t.contiguous() for t in (*state.controller, *state[1:]))
-        final, y = scan(step, flat, x)
-        return self._finish(y), DNCState(tuple(final[:layers]), *final[layers:])
+        self._init_sequence(batch_first, engine)
 
     def trace(self, x: Tensor, state: DNCState | None = None
               ) -> tuple[Tensor, DNCState, DNCTrace]:

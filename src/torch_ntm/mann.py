@@ -34,16 +34,14 @@ from torch_ntm.checks import (
     cell_step,
     check_input_dtype,
     check_state_tensors,
-    one_dtype,
     positive_int,
     read_only_options,
-    time_major,
 )
 from torch_ntm.controllers import LSTMController
-from torch_ntm.engines import graphs
 from torch_ntm.engines import mann as native
 from torch_ntm.layout import LRUALayout, NTMState
 from torch_ntm.model import MEMORY_INIT_CONSTANT
+from torch_ntm.sequence import SequenceModel
 
 __all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
 
@@ -264,7 +262,7 @@ class MANNCell(_MANNBase):
         return cell_step(self, x, state)
 
 
-class MANN(_MANNBase):
+class MANN(SequenceModel, _MANNBase):
     """A memory-augmented neural network with LRUA (Santoro et al. 2016) over sequences, with an
     `nn.LSTM`-like interface (as `torch_ntm.NTM`).
 
@@ -299,6 +297,10 @@ class MANN(_MANNBase):
         logits, state = mann(x)             # x: (T, B, 25) -> logits (T, B, 5)
     """
 
+    _state_type = MANNState
+    _native_engine = native
+    _native_call = native.MANNCall
+
     def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
                  memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
                  usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
@@ -309,54 +311,4 @@ class MANN(_MANNBase):
                          read_heads=read_heads, usage_decay=usage_decay,
                          write_vector=write_vector, learned_beta=learned_beta, device=device,
                          dtype=dtype)
-        self.batch_first = bool(batch_first)
-        self.engine = engine
-
-    @property
-    def engine(self) -> str:
-        return self._engine
-
-    @engine.setter
-    def engine(self, value: str) -> None:
-        self._engine = engines.check_engine(value)
-
-    def runs_on(self, x: Tensor) -> str:
-        """The engine that `forward` runs on input ``x`` (time-major or batch first, as
-        `forward` takes it): ``"native"``, ``"graphs"`` or ``"eager"``
-        (`torch_ntm.engines.choose`)."""
-        return engines.choose(self, x, native.MANNCall)
-
-    def extra_repr(self) -> str:
-        return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
-                + (f", engine={self.engine!r}" if self.engine != "auto" else ""))
-
-    def config(self) -> dict:
-        return {**super().config(), "batch_first": self.batch_first}
-
-    def forward(self, x: Tensor, state: MANNState | None = None) -> tuple[Tensor, MANNState]:
-        """Args:
-            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``).
-            state: `MANNState` to continue from, or None for `initial_state`.
-
-        Returns:
-            ``(logits [T, B, output_size] (or batch first), state after the last step)``.
-        """
-        x = time_major(self, x)
-        self._check_dtype(x)
-        if state is None:
-            state = self.initial_state(x.shape[1], x.device, x.dtype)
-        else:
-            self._check_state(state, x.shape[1], x)
-        engine = self.runs_on(x)
-        if engine == "native":
-            y, state = native.forward(self, x, state)
-        elif engine == "graphs":
-            y, state = graphs.forward(self, x, state, self._step)
-        else:
-            outputs = []
-            for x_t in x:
-                y, state = self._step(x_t, state)
-                outputs.append(y)
-            y = torch.stack(outputs)  # (T, B, output_size)
-        return one_dtype((y.transpose(0, 1) if self.batch_first else y), state, x)
-
+        self._init_sequence(batch_first, engine)

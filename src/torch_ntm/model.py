@@ -25,7 +25,6 @@ from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import PackedSequence
 
 from torch_ntm import engines
 from torch_ntm.checks import (
@@ -38,14 +37,11 @@ from torch_ntm.checks import (
     one_dtype,
     positive_int,
     read_only_options,
-    sequence_layout,
-    time_major,
 )
 from torch_ntm.controllers import CONTROLLERS, LSTMController
-from torch_ntm.engines import graphs
 from torch_ntm.engines import ntm as native
 from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
-from torch_ntm.packed import forward_packed
+from torch_ntm.sequence import SequenceModel
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
@@ -325,7 +321,7 @@ class NTMCell(_NTMBase):
         return cell_step(self, x, state)
 
 
-class NTM(_NTMBase):
+class NTM(SequenceModel, _NTMBase):
     """A Neural Turing Machine over sequences, with an `nn.LSTM`-like interface.
 
     Args:
@@ -368,113 +364,15 @@ class NTM(_NTMBase):
         logits, state = ntm(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
+    _state_type = NTMState
+    _native_engine = native
+    _native_call = native.NTMCall
+
     @_options_in_signature
     def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
                  engine: str = "auto", device=None, dtype=None, **options):
         super().__init__(input_size, output_size, device=device, dtype=dtype, **options)
-        self.batch_first = bool(batch_first)
-        self.engine = engine
-
-    @property
-    def engine(self) -> str:
-        return self._engine
-
-    @engine.setter
-    def engine(self, value: str) -> None:
-        self._engine = engines.check_engine(value)
-
-    def runs_on(self, x: Tensor) -> str:
-        """The engine that `forward` runs on input ``x`` (time-major or batch first, as
-        `forward` takes it): ``"native"``, ``"graphs"`` or ``"eager"``
-        (`torch_ntm.engines.choose`)."""
-        return engines.choose(self, x, native.NTMCall)
-
-    def extra_repr(self) -> str:
-        return (
-            super().extra_repr()
-            + (", batch_first=True" if self.batch_first else "")
-            + (f", engine={self.engine!r}" if self.engine != "auto" else "")
-        )
-
-    def config(self) -> dict:
-        return {**super().config(), "batch_first": self.batch_first}
-
-    def _prepare(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
-        if isinstance(x, PackedSequence):
-            raise TypeError("NTM.trace takes a padded tensor, not a PackedSequence: unpack it "
-                            "with torch.nn.utils.rnn.pad_packed_sequence")
-        x = time_major(self, x)
-        self._check_dtype(x)
-        if state is None:
-            state = self.initial_state(x.shape[1], x.device, x.dtype)
-        else:
-            self._check_state(state, x.shape[1], x)
-        return x, state
-
-    def _finish(self, y: Tensor) -> Tensor:
-        """Time-major outputs ``[T, B, output_size]`` in the module's layout."""
-        return y.transpose(0, 1) if self.batch_first else y
-
-    def forward(self, x: Tensor | PackedSequence, state: NTMState | None = None
-                ) -> tuple[Tensor | PackedSequence, NTMState]:
-        """Args:
-            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``), or a
-                `PackedSequence` of sequences of different lengths (as for `nn.LSTM`).
-            state: `NTMState` to continue from, or None for `initial_state`; for a packed input,
-                in the order of the sequences before packing.
-
-        Returns:
-            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first), or a
-            `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
-            last step.
-        """
-        if torch.jit.is_tracing():  # it failed in the initial state, on a traced batch size
-            raise RuntimeError(
-                "NTM does not support torch.jit.trace (a trace would also fix the sequence "
-                "length); use torch.export.export(ntm, (x,), dynamic_shapes=...), which traces "
-                "one program for every length (docs/guide.md, Export)")
-        if isinstance(x, PackedSequence):  # run in pieces that end where some sequence ends
-            return forward_packed(x, state, self._forward_padded, batch_first=self.batch_first,
-                                  input_size=self.input_size, name="NTM")
-        if not isinstance(x, Tensor):
-            raise TypeError(f"NTM expects a tensor of shape {sequence_layout(self)} or a "
-                            f"PackedSequence, got {type(x).__name__}")
-        return self._forward_padded(x, state)
-
-    def _forward_padded(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
-        if torch.compiler.is_exporting():
-            return self._forward_scan(x, state)
-        x, state = self._prepare(x, state)  # time-major, checked
-        engine = self.runs_on(x)
-        if engine == "native":
-            y, state = native.forward(self, x, state)
-            return self._finish(y), state
-        if engine == "graphs":
-            y, state = graphs.forward(self, x, state, self._step)
-            return self._finish(y), state
-        outputs = []
-        for x_t in x:
-            y, state = self._step(x_t, state)
-            outputs.append(y)
-        return one_dtype(self._finish(torch.stack(outputs)), state, x)
-
-    def _forward_scan(self, x: Tensor, state: NTMState | None) -> tuple[Tensor, NTMState]:
-        """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
-        time axis of any length, where a Python loop would fix the traced length."""
-        from torch._higher_order_ops.scan import scan
-
-        x, state = self._prepare(x, state)
-        layers = len(state.controller)
-
-        def step(carry: tuple, x_t: Tensor) -> tuple[tuple, Tensor]:  # flat tensors in and out
-            y, new = self._step(x_t, NTMState(tuple(carry[:layers]), *carry[layers:]))
-            return (*new.controller, *new[1:]), y
-
-        # scan needs the carry's leaves laid out as the step returns them
-        flat = tuple(t.contiguous() for t in (*state.controller, *state[1:]))
-        final, y = scan(step, flat, x)
-        state = NTMState(tuple(final[:layers]), *final[layers:])
-        return (y.transpose(0, 1) if self.batch_first else y), state
+        self._init_sequence(batch_first, engine)
 
     def trace(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState, NTMTrace]:
         """Like `forward`, and also records every step's weightings, erase/add vectors and memory.

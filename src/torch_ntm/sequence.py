@@ -1,0 +1,143 @@
+"""What `NTM`, `MANN` and `DNC` share over sequences: `SequenceModel`.
+
+Each model is a cell base (its parameters, `initial_state`, the checks of its inputs and state,
+and ``_step``, the eager step that is its specification) with this class in front of it, which
+runs the step over a sequence: the layout (``batch_first``), the engine (`torch_ntm.engines`),
+`PackedSequence` inputs, and the loop that `torch.export` traces. A reader following ``x`` from
+``forward`` goes down into one engine here and comes back with ``(y, state)``.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import torch
+from torch import Tensor
+from torch.nn.utils.rnn import PackedSequence
+
+from torch_ntm import engines
+from torch_ntm.checks import one_dtype, sequence_layout, time_major
+from torch_ntm.engines import graphs
+from torch_ntm.packed import forward_packed
+
+__all__ = ["SequenceModel"]
+
+
+class SequenceModel:
+    """A model over sequences, in front of a cell base that provides ``initial_state``,
+    ``_check_dtype``, ``_check_state`` and ``_step(x_t, state) -> (y_t, state)``.
+
+    A subclass names its state's NamedTuple (``_state_type``; its first field the controller's
+    tuple of tensors, the others tensors) and its native engine: ``_native_engine``, the module
+    whose ``forward(model, x, state)`` runs a time-major sequence, and ``_native_call``, the
+    description `torch_ntm.engines.choose` checks a call against (both None without one).
+    """
+
+    _state_type: ClassVar[type]
+    _native_engine: ClassVar[object | None] = None
+    _native_call: ClassVar[object | None] = None
+
+    def _init_sequence(self, batch_first: bool, engine: str) -> None:
+        self.batch_first = bool(batch_first)
+        self.engine = engine
+
+    @property
+    def engine(self) -> str:
+        return self._engine
+
+    @engine.setter
+    def engine(self, value: str) -> None:
+        self._engine = engines.check_engine(value)
+
+    def runs_on(self, x: Tensor) -> str:
+        """The engine that `forward` runs on input ``x`` (time-major or batch first, as
+        `forward` takes it): ``"native"``, ``"graphs"`` or ``"eager"``
+        (`torch_ntm.engines.choose`)."""
+        return engines.choose(self, x, self._native_call)
+
+    def extra_repr(self) -> str:
+        return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
+                + (f", engine={self.engine!r}" if self.engine != "auto" else ""))
+
+    def config(self) -> dict:
+        return {**super().config(), "batch_first": self.batch_first}
+
+    def _prepare(self, x: Tensor, state):
+        """``x`` time-major and checked, and the state to start from (``state``, checked, or
+        the initial state)."""
+        name = type(self).__name__
+        if isinstance(x, PackedSequence):
+            raise TypeError(f"{name}.trace takes a padded tensor, not a PackedSequence: unpack "
+                            f"it with torch.nn.utils.rnn.pad_packed_sequence")
+        x = time_major(self, x)
+        self._check_dtype(x)
+        if state is None:
+            state = self.initial_state(x.shape[1], x.device, x.dtype)
+        else:
+            self._check_state(state, x.shape[1], x)
+        return x, state
+
+    def _finish(self, y: Tensor) -> Tensor:
+        """Time-major outputs ``[T, B, output_size]`` in the module's layout."""
+        return y.transpose(0, 1) if self.batch_first else y
+
+    def forward(self, x: Tensor | PackedSequence, state=None):
+        """Args:
+            x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``), or a
+                `PackedSequence` of sequences of different lengths (as for `nn.LSTM`).
+            state: the model's state to continue from (`NTMState`, `MANNState`, `DNCState`),
+                or None for `initial_state`; for a packed input, in the order of the sequences
+                before packing.
+
+        Returns:
+            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first), or a
+            `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
+            last step.
+        """
+        name = type(self).__name__
+        if torch.jit.is_tracing():  # it failed in the initial state, on a traced batch size
+            raise RuntimeError(
+                f"{name} does not support torch.jit.trace (a trace would also fix the sequence "
+                f"length); use torch.export.export(model, (x,), dynamic_shapes=...), which "
+                f"traces one program for every length (docs/guide.md, Export)")
+        if isinstance(x, PackedSequence):  # run in pieces that end where some sequence ends
+            return forward_packed(x, state, self._forward_padded, batch_first=self.batch_first,
+                                  input_size=self.input_size, name=name)
+        if not isinstance(x, Tensor):
+            raise TypeError(f"{name} expects a tensor of shape {sequence_layout(self)} or a "
+                            f"PackedSequence, got {type(x).__name__}")
+        return self._forward_padded(x, state)
+
+    def _forward_padded(self, x: Tensor, state):
+        if torch.compiler.is_exporting():
+            return self._forward_scan(x, state)
+        x, state = self._prepare(x, state)  # time-major, checked
+        engine = self.runs_on(x)
+        if engine == "native":
+            y, state = self._native_engine.forward(self, x, state)
+        elif engine == "graphs":
+            y, state = graphs.forward(self, x, state, self._step)
+        else:
+            outputs = []
+            for x_t in x:
+                y, state = self._step(x_t, state)
+                outputs.append(y)
+            y = torch.stack(outputs)
+        return one_dtype(self._finish(y), state, x)
+
+    def _forward_scan(self, x: Tensor, state):
+        """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
+        time axis of any length, where a Python loop would fix the traced length."""
+        from torch._higher_order_ops.scan import scan
+
+        x, state = self._prepare(x, state)
+        layers, kind = len(state.controller), self._state_type
+
+        def step(carry: tuple, x_t: Tensor) -> tuple[tuple, Tensor]:  # flat tensors in and out
+            y, new = self._step(x_t, kind(tuple(carry[:layers]), *carry[layers:]))
+            return (*new.controller, *new[1:]), y
+
+        # scan needs the carry's leaves laid out as the step returns them
+        flat = tuple(t.contiguous() for t in (*state.controller, *state[1:]))
+        final, y = scan(step, flat, x)
+        return self._finish(y), kind(tuple(final[:layers]), *final[layers:])
