@@ -454,12 +454,10 @@ class OmniglotTask(Task):
         step_class = order // n  # (B, T)
         x = images[character.gather(1, step_class), drawing.gather(1, order)].float() / 255
         if R > 1:  # class (character, r): the character turned r % 4 quarter turns
-            # anticlockwise, after reversing its columns (a mirror image) when r >= 4
-            faces = (x, x.flip(-1))[: R // ROTATIONS]
-            turned = torch.stack([face.rot90(r, dims=(-2, -1)) for face in faces
-                                  for r in range(ROTATIONS)], -1)  # (.., R)
-            step_rotation = rotation.gather(1, step_class)[..., None, None, None]  # (B, T, 1, 1, 1)
-            x = turned.gather(-1, step_rotation.expand(B, T, SIZE, SIZE, 1)).squeeze(-1)
+            # anticlockwise, after reversing its columns (a mirror image) when r >= 4; each a
+            # permutation of the pixels, so one gather moves every image's pixels at once
+            step_rotation = rotation.gather(1, step_class)  # (B, T)
+            x = x.view(B, T, PIXELS).gather(-1, _TURNS[step_rotation]).view(B, T, SIZE, SIZE)
         if self._jitter:
             x = _jitter(x.view(B * T, SIZE, SIZE), self.max_angle, self.max_shift, generator,
                         self.max_scale, self.max_shear)
@@ -470,6 +468,19 @@ class OmniglotTask(Task):
         mask = torch.ones(T, B, dtype=torch.bool)
         inputs, targets = (z.transpose(0, 1).contiguous() for z in (inputs, targets))  # (T, B, .)
         return Batch(inputs, targets, mask)
+
+
+def _turn_indices() -> Tensor:
+    """``[2 ROTATIONS, PIXELS]``: for transform r (r % 4 anticlockwise quarter turns, after a
+    mirror image when r >= 4), the source pixel of each output pixel, so that ``image.flatten()
+    [_TURNS[r]]`` is the transformed image flattened."""
+    pixels = torch.arange(PIXELS).view(SIZE, SIZE)
+    faces = (pixels, pixels.flip(-1))
+    return torch.stack([face.rot90(r, dims=(-2, -1)).flatten() for face in faces
+                        for r in range(ROTATIONS)])
+
+
+_TURNS = _turn_indices()
 
 
 def _permutations(rows: int, n: int, generator: torch.Generator | None) -> Tensor:
