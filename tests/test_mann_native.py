@@ -112,6 +112,8 @@ CONFIGS = [
     ("key", True, 4, 3, 128, 3),
     ("add", False, 1, 1, 128, 4),
     ("add", True, 4, 3, 128, 5),
+    ("add", True, 2, 2, 40, 6),  # 2 and 3 heads; rows that end in a part of a vector block
+    ("key", False, 3, 2, 40, 7),
 ]
 
 
