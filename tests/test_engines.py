@@ -457,6 +457,25 @@ def test_bench_records_and_table():
         run_bench(engines=("turbo",))
 
 
+@pytest.mark.parametrize("model, kind, fast", [("mann", "MANN", "native"), ("dnc", "DNC", "eager")])
+def test_bench_measures_the_mann_and_the_dnc(model, kind, fast):
+    # `ntm bench --model`: the model named, on the engine a user's model runs by default
+    # (the MANN's native where it is built; the DNC has none yet), its rows as asked.
+    from torch_ntm import bench
+
+    records = bench.run_bench(batch_sizes=(2,), seq_len=2, memory_sizes=(8,), steps=1,
+                              repeats=1, threads=1, model=model)
+    assert [(r["model"], r["engine"]) for r in records] == [(model, "auto"), (model, "eager")]
+    assert records[0]["runs_as"] == (fast if FAST_ENGINES else "eager")
+    assert all(r["train_seq_per_s"] > 0 and r["memory_size"] == 8 for r in records)
+    task = bench.CopyTask().with_size(2)
+    built = bench._Runner("auto", 8, task.sample(2), task, "cpu", 0, model).model
+    assert type(built).__name__ == kind and built.memory_size == 8
+    assert f"{model} auto/eager" in bench.format_table(records)
+    with pytest.raises(ValueError, match="unknown model 'ntn'; valid choices: ntm, mann, dnc"):
+        bench.run_bench(model="ntn")
+
+
 @needs_native
 def test_bench_trains_through_the_native_library(monkeypatch):
     from torch_ntm import bench

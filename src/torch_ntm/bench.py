@@ -1,4 +1,5 @@
-"""Throughput benchmark: training and inference sequences per second of each engine of `NTM`.
+"""Throughput benchmark: training and inference sequences per second of each engine of a model
+(`NTM` by default; `MANN` and `DNC` too, ``model=``).
 
 The training step is the one `ntm train` takes: a batch of the copy task (`torch_ntm.tasks.CopyTask`
 at a fixed length L, ``T = 2L + 1`` steps), ``model(x)`` on the engine measured, the task's loss
@@ -25,10 +26,13 @@ import torch
 
 from torch_ntm.evaluate import task_objective
 from torch_ntm.flat_optim import FlatOptimizer
-from torch_ntm.model import ENGINES, NTM
+from torch_ntm.model import ENGINES
 from torch_ntm.tasks import CopyTask
 
-__all__ = ["run_bench", "format_table", "DEFAULT_ENGINES"]
+__all__ = ["run_bench", "format_table", "DEFAULT_ENGINES", "MODELS"]
+
+# The models the bench builds, each at its defaults but the memory rows.
+MODELS = ("ntm", "mann", "dnc")
 
 # Measured unless asked otherwise: what a model runs by default, and the plain loop.
 DEFAULT_ENGINES = ("auto", "eager")
@@ -39,16 +43,24 @@ def _sync(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def _model(task, memory_size: int, engine: str = "auto", device="cpu") -> NTM:
-    """The bench's model: the paper's copy NTM with ``memory_size`` rows."""
-    return NTM(task.input_size, task.output_size, memory_size=memory_size, engine=engine,
-               device=device)
+def _model(task, memory_size: int, engine: str = "auto", device="cpu", model: str = "ntm"):
+    """The bench's model for the task with ``memory_size`` rows, otherwise at its defaults:
+    ``"ntm"`` the paper's copy NTM (`NTM`), ``"mann"`` `MANN` (LSTM 200, rows of 40, 4 heads),
+    ``"dnc"`` `DNC` (LSTM 64, rows of 16, 4 read heads)."""
+    from torch_ntm import DNC, MANN, NTM
+
+    kind = {"ntm": NTM, "mann": MANN, "dnc": DNC}.get(model)
+    if kind is None:
+        raise ValueError(f"unknown model {model!r}; valid choices: {', '.join(MODELS)}")
+    return kind(task.input_size, task.output_size, memory_size=memory_size, engine=engine,
+                device=device)
 
 
-def check_memory_size(rows: int) -> None:
+def check_memory_size(rows: int, model: str = "ntm") -> None:
     """Raise the model's own `ValueError` if the bench's model cannot have ``rows`` memory rows
-    (too few for its shifts), before any timing: built on the meta device, no memory used."""
-    _model(CopyTask(), rows, device="meta")
+    (too few for its shifts or heads), before any timing: built on the meta device, no memory
+    used."""
+    _model(CopyTask(), rows, device="meta", model=model)
 
 
 class _Runner:
@@ -56,9 +68,9 @@ class _Runner:
 
     PHASES = ("forward", "loss", "backward", "clip", "optimizer")  # of `train_step`, in order
 
-    def __init__(self, engine, memory_size, batch, task, device, seed):
+    def __init__(self, engine, memory_size, batch, task, device, seed, model="ntm"):
         torch.manual_seed(seed)  # every engine starts from the same parameters
-        self.model = _model(task, memory_size, engine, device)
+        self.model = _model(task, memory_size, engine, device, model)
         self.optimizer = FlatOptimizer(  # as `ntm train` (train.make_optimizer, FlatOptimizer)
             self.model.parameters(),
             lambda flat: torch.optim.RMSprop(flat, lr=1e-4, momentum=0.9, foreach=True))
@@ -109,6 +121,7 @@ def run_bench(
     threads: int | None = None,
     repeats: int = 5,
     seed: int = 0,
+    model: str = "ntm",
 ) -> list[dict]:
     """Measure training and inference throughput of each engine for each batch and memory size.
 
@@ -123,15 +136,17 @@ def run_bench(
         threads: ``torch.set_num_threads`` for the run (restored after); None keeps the current.
         repeats: interleaved repeats; the reported figures are medians over them.
         seed: seed of the parameters and of the data.
+        model: one of `MODELS`, the model measured (`_model`), on the same copy batches.
 
     Returns:
-        One dict per (memory size, batch size, engine) with keys ``engine, device, batch_size,
-        seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``runs_as`` (the
+        One dict per (memory size, batch size, engine) with keys ``model, engine, device,
+        batch_size, seq_len, memory_size, train_seq_per_s, infer_seq_per_s``, plus ``runs_as`` (the
         engine that served the calls: ``"auto"`` runs as ``"native"``, ``"graphs"`` or ``"eager"``),
         ``warmup_s`` (warm-up time beyond two steady-state steps: the library's build, first
         allocations), ``threads`` and ``steps``.
     """
     device = torch.device(device)
+    check_memory_size(min(memory_sizes), model)  # and the model's name
     for engine in engines:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
@@ -144,7 +159,7 @@ def run_bench(
         for n in memory_sizes:
             for b in batch_sizes:
                 batch = task.sample(b, torch.Generator().manual_seed(seed))
-                runners = {e: _Runner(e, n, batch, task, device, seed) for e in engines}
+                runners = {e: _Runner(e, n, batch, task, device, seed, model) for e in engines}
                 warmup = {}
                 for p, r in runners.items():
                     # The first calls may build the native library; the third is steady state.
@@ -162,6 +177,7 @@ def run_bench(
                     w_train, w_infer = warmup[p]
                     records.append(
                         {
+                            "model": model,
                             "engine": p,
                             "device": str(device),
                             "batch_size": b,
@@ -185,7 +201,7 @@ def format_table(records: list[dict]) -> str:
     """A plain-text table of the records, with each engine's ratio to the eager one where both
     were measured."""
     header = (
-        f"{'engine':<15} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
+        f"{'model':<5} {'engine':<15} {'device':<6} {'batch':>5} {'L':>3} {'N':>5} "
         f"{'train seq/s':>11} {'infer seq/s':>11} {'warm-up s':>9}"
     )
     lines = [header, "-" * len(header)]
@@ -193,20 +209,21 @@ def format_table(records: list[dict]) -> str:
     for r in records:
         name = r["engine"] if r["engine"] == r["runs_as"] else f"{r['engine']} ({r['runs_as']})"
         lines.append(
-            f"{name:<15} {r['device']:<6} {r['batch_size']:>5} {r['seq_len']:>3} "
-            f"{r['memory_size']:>5} {r['train_seq_per_s']:>11.1f} {r['infer_seq_per_s']:>11.1f} "
-            f"{r['warmup_s']:>9.1f}"
+            f"{r.get('model', 'ntm'):<5} {name:<15} {r['device']:<6} {r['batch_size']:>5} "
+            f"{r['seq_len']:>3} {r['memory_size']:>5} {r['train_seq_per_s']:>11.1f} "
+            f"{r['infer_seq_per_s']:>11.1f} {r['warmup_s']:>9.1f}"
         )
-        key = (r["device"], r["batch_size"], r["seq_len"], r["memory_size"])
+        key = (r.get("model", "ntm"), r["device"], r["batch_size"], r["seq_len"],
+               r["memory_size"])
         by_key.setdefault(key, {})[r["engine"]] = r
     ratios = []
-    for (dev, b, L, n), rs in by_key.items():
+    for (model, dev, b, L, n), rs in by_key.items():
         for engine in ENGINES:
             if engine != "eager" and engine in rs and "eager" in rs:
                 tr = rs[engine]["train_seq_per_s"] / rs["eager"]["train_seq_per_s"]
                 inf = rs[engine]["infer_seq_per_s"] / rs["eager"]["infer_seq_per_s"]
                 ratios.append(
-                    f"{engine}/eager {dev} batch {b} L {L} N {n}: "
+                    f"{model} {engine}/eager {dev} batch {b} L {L} N {n}: "
                     f"train x{tr:.2f}, infer x{inf:.2f}"
                 )
     return "\n".join(lines + ratios)

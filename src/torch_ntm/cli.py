@@ -159,6 +159,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --ray: GPUs per training (0.25: four share one), on device=cuda")
 
     p = sub.add_parser("bench", help="training and inference throughput of each engine")
+    p.add_argument("--model", choices=("ntm", "mann", "dnc"), default="ntm",
+                   help="the model measured on copy batches, at its defaults but the memory "
+                   "rows (default ntm: the paper's copy NTM)")
     p.add_argument("--engines", type=_engine_list, default=None, metavar="E1,E2,...",
                    help="engines to measure (default auto,eager: what a model runs by default, "
                    "and the plain loop)")
@@ -605,13 +608,13 @@ def _cmd_bench(args) -> int:
     check_steps(CopyTask().with_size(args.seq_len), args.seq_len,
                 f"--seq-len {args.seq_len}: a copy sequence", "choose a shorter --seq-len")
     kwargs = {"seq_len": args.seq_len, "device": resolve_device(args.device),
-              "threads": args.threads}
+              "threads": args.threads, "model": args.model}
     if args.batch_size:
         kwargs["batch_sizes"] = tuple(args.batch_size)
     if args.memory_size:
         for rows in args.memory_size:
             try:
-                check_memory_size(rows)
+                check_memory_size(rows, args.model)
             except ValueError as e:
                 raise ConfigError(f"--memory-size {rows}: {e}") from None
         kwargs["memory_sizes"] = tuple(args.memory_size)
