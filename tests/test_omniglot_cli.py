@@ -122,6 +122,23 @@ def test_presets_build_their_models(preset, kind):
         assert model(x[:3])[0].shape == (3, 2, 3)
 
 
+def test_the_15_class_preset_is_the_papers_episodes_with_string_labels():
+    config = resolve_config("omniglot", "mann-15")
+    task = build_task(config)
+    assert (task.classes, task.instances, task.labels) == (15, 10, "string")
+    model = build_model(config, task)
+    assert isinstance(model, MANN) and (model.input_size, model.output_size) == (425, 25)
+    mann = resolve_config("omniglot", "mann")  # otherwise the mann preset, at its own budget
+    differs = {f for f in ("max_sequences", "lr_milestones", "task_params")
+               if getattr(config, f) != getattr(mann, f)}
+    assert differs == {"max_sequences", "lr_milestones", "task_params"}
+    assert all(getattr(config, f) == getattr(mann, f) for f in (
+        "model", "controller_size", "memory_size", "memory_width", "read_heads", "learned_beta",
+        "lr", "lr_decay", "weight_decay", "ema_decay", "batch_size"))
+    x = task.sample(2, torch.Generator().manual_seed(0)).inputs
+    assert x.shape == (150, 2, 425)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["task.colour=red"], "--set task.colour: unknown key; valid keys: task.classes"),
     (["task.labels=words"], "unknown labels 'words'; valid labels: one_hot, string"),
@@ -194,7 +211,7 @@ def test_command_line_errors_are_one_line(tmp_path, capsys):
                     "OmniglotTask.classes must be an integer >= 1")
     _one_line_error(capsys, ["train", "omniglot", "--preset", "ntm-ff"],
                     "unknown preset 'ntm-ff' for task 'omniglot'; valid presets: mann, "
-                    "mann-ntm, lstm")
+                    "mann-15, mann-ntm, lstm")
     run = tmp_path / "run"
     sets = [arg for kv in TINY for arg in ("--set", kv)]
     assert main(["train", "omniglot", *sets, "--out", str(run), "--no-progress",

@@ -155,6 +155,16 @@ PRESETS: dict[str, dict[str, Preset]] = {
              "weight_decay": 0.05, "ema_decay": 0.999,
              "task_params": {"reflections": True, "max_angle": 20.0, "max_shift": 2.5,
                              "max_scale": 0.2, "max_shear": 0.3}}),
+        "mann-15": Preset(
+            "the mann preset on the paper's 15-class episodes (string labels), rate cuts scaled "
+            "to 150,000 episodes",
+            {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
+             "memory_width": 40, "read_heads": 4, "learned_beta": True,
+             "max_sequences": 150_000, "lr_milestones": [85_000, 115_000], "lr_decay": 0.3,
+             "weight_decay": 0.05, "ema_decay": 0.999,
+             "task_params": {"reflections": True, "max_angle": 20.0, "max_shift": 2.5,
+                             "max_scale": 0.2, "max_shear": 0.3, "classes": 15,
+                             "labels": "string"}}),
         "mann-ntm": Preset(
             "an NTM with the NTM's addressing at comparable sizes (the paper's comparison)",
             {**_OMNIGLOT, "model": "ntm", "controller_size": 200, "memory_size": 128,
