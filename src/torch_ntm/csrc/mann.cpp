@@ -410,42 +410,6 @@ void rows_backward_any(const Cfg& c, const F* mem, const F* act, const F* wr, co
   }
 }
 
-// y[k] += x[k] mem for KH heads (x [KH, rows], y [KH, n]): `combine_rows` of every head in one
-// pass over the rows of mem, each row's vectors loaded once for all heads (the backward loaded
-// mem once per head). Each y[k][i] adds its terms in the same order, rows ascending.
-template <typename F, int KH>
-void combine_heads(const F* mem, const F* x, int64_t rows, int64_t n, F* y) {
-  using V = Vec<F>;
-  constexpr int64_t W = V::size();
-  constexpr int B = KH <= 2 ? 4 : 2;  // vectors of a row per block: KH B accumulators
-  int64_t i = 0;
-  for (; i + B * W <= n; i += B * W) {
-    V acc[KH][B];
-    for (int k = 0; k < KH; ++k) {
-      for (int v = 0; v < B; ++v) acc[k][v] = V::loadu(y + k * n + i + v * W);
-    }
-    for (int64_t j = 0; j < rows; ++j) {
-      const F* r = mem + j * n + i;
-      V row[B];
-      for (int v = 0; v < B; ++v) row[v] = V::loadu(r + v * W);
-      for (int k = 0; k < KH; ++k) {
-        const V xk(x[k * rows + j]);
-        for (int v = 0; v < B; ++v) acc[k][v] = fmadd(xk, row[v], acc[k][v]);
-      }
-    }
-    for (int k = 0; k < KH; ++k) {
-      for (int v = 0; v < B; ++v) acc[k][v].store(y + k * n + i + v * W);
-    }
-  }
-  for (; i < n; ++i) {  // the rest of the columns, one at a time
-    for (int k = 0; k < KH; ++k) {
-      F acc = y[k * n + i];
-      for (int64_t j = 0; j < rows; ++j) acc += x[k * rows + j] * mem[j * n + i];
-      y[k * n + i] = acc;
-    }
-  }
-}
-
 // From the gradients of this step's reads (dreads [H, M]) and of its state (dmem [M, N],
 // dusage [N], dwr [H, N]), those of the previous state, in place (dmem, dusage, dwr), of the
 // least-used rows it was given (dlu [N]) and of the head layer's output (draw [P]).
@@ -465,14 +429,7 @@ void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq
     const F* dk = dwr + k * N;
 #pragma omp simd
     for (int64_t i = 0; i < N; ++i) d[i] = dk[i] + dusage[i];
-  }
-  switch (H) {
-    case 1: combine_heads<F, 1>(mem, dreads, M, N, dw); break;
-    case 2: combine_heads<F, 2>(mem, dreads, M, N, dw); break;
-    case 3: combine_heads<F, 3>(mem, dreads, M, N, dw); break;
-    case 4: combine_heads<F, 4>(mem, dreads, M, N, dw); break;
-    default:
-      for (int64_t k = 0; k < H; ++k) combine_rows(mem, dreads + k * M, M, N, dw + k * N, true);
+    combine_rows(mem, dreads + k * M, M, N, d, true);
   }
   // Softmax and cosine backward: ddot [H, N] of the numerators, dmsq, and d|key|^2 per head.
   inverse_norms(msq, N, inv);
