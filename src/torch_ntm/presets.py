@@ -37,6 +37,12 @@ _STABLE = {"lr_decay_bit_errors": 0.0, "lr_decay": 0.3, "rollback_bit_errors": 1
 _OMNIGLOT = {"optimizer": "adam", "lr": 1e-3, "batch_size": 16, "clip_value": 0.0,
              "clip_norm": 10.0, "max_sequences": 1_600_000, "eval_every": 500,
              "eval_sequences": 1000, "log_every": 50, "task_params": {"reflections": True}}
+# The mann presets' MANN (docs/presets.md): sizes, regularisation, averaging and jitter.
+_MANN = {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
+         "memory_width": 40, "read_heads": 4, "learned_beta": True, "lr_decay": 0.3,
+         "weight_decay": 0.05, "ema_decay": 0.999}
+_MANN_JITTER = {"reflections": True, "max_angle": 20.0, "max_shift": 2.5, "max_scale": 0.2,
+                "max_shear": 0.3}
 _BIT_ADAM = {"optimizer": "adam", "batch_size": 16, "clip_value": 0.0, "clip_norm": 10.0}
 # The DNC paper's graph tasks: the optimiser of DeepMind's reference DNC training script
 # (RMSProp at 1e-4 with TensorFlow's defaults, decay 0.9 and no momentum; batches of 16; the
@@ -149,22 +155,13 @@ PRESETS: dict[str, dict[str, Preset]] = {
         "mann": Preset(
             "the paper's MANN, a learned key strength, more jitter, rate cuts, weight decay and "
             "averaging",
-            {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
-             "memory_width": 40, "read_heads": 4, "learned_beta": True,
-             "max_sequences": 584_080, "lr_milestones": [330_000, 450_000], "lr_decay": 0.3,
-             "weight_decay": 0.05, "ema_decay": 0.999,
-             "task_params": {"reflections": True, "max_angle": 20.0, "max_shift": 2.5,
-                             "max_scale": 0.2, "max_shear": 0.3}}),
+            {**_MANN, "max_sequences": 584_080, "lr_milestones": [330_000, 450_000],
+             "task_params": _MANN_JITTER}),
         "mann-15": Preset(
             "the mann preset on the paper's 15-class episodes (string labels), rate cuts scaled "
             "to 150,000 episodes",
-            {**_OMNIGLOT, "model": "mann", "controller_size": 200, "memory_size": 128,
-             "memory_width": 40, "read_heads": 4, "learned_beta": True,
-             "max_sequences": 150_000, "lr_milestones": [85_000, 115_000], "lr_decay": 0.3,
-             "weight_decay": 0.05, "ema_decay": 0.999,
-             "task_params": {"reflections": True, "max_angle": 20.0, "max_shift": 2.5,
-                             "max_scale": 0.2, "max_shear": 0.3, "classes": 15,
-                             "labels": "string"}}),
+            {**_MANN, "max_sequences": 150_000, "lr_milestones": [85_000, 115_000],
+             "task_params": {**_MANN_JITTER, "classes": 15, "labels": "string"}}),
         "mann-ntm": Preset(
             "an NTM with the NTM's addressing at comparable sizes (the paper's comparison)",
             {**_OMNIGLOT, "model": "ntm", "controller_size": 200, "memory_size": 128,
