@@ -15,21 +15,23 @@ from pathlib import Path
 __all__ = ["main"]
 
 
-def _int_list(text: str) -> list[int]:
+def _integers(text: str) -> list[int]:
+    """Comma-separated integers, or the usage error that says so."""
     try:
-        values = [int(v) for v in text.split(",") if v.strip()]
+        return [int(v) for v in text.split(",") if v.strip()]
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+
+
+def _int_list(text: str) -> list[int]:
+    values = _integers(text)
     if not values or min(values) < 1:
         raise argparse.ArgumentTypeError(f"expected positive integers, got {text!r}")
     return values
 
 
 def _seed_list(text: str) -> list[int]:
-    try:
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}")
+    values = _integers(text)
     if not values or min(values) < 0 or len(set(values)) < len(values):
         raise argparse.ArgumentTypeError(f"expected distinct seeds >= 0, got {text!r}")
     return values
