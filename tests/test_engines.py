@@ -5,6 +5,7 @@ engines this machine runs (`FAST_ENGINES`); what is particular to one engine is 
 (test_native.py)."""
 
 import logging
+import os
 
 import pytest
 import torch
@@ -492,3 +493,29 @@ def test_bench_trains_through_the_native_library(monkeypatch):
     assert losses["auto"] == pytest.approx(losses["eager"], rel=1e-5)
     for a, b in zip(runners["auto"].model.parameters(), runners["eager"].model.parameters()):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_two_processes_build_the_library_at_once_without_a_lock(tmp_path):
+    """Builds take no lock: two processes building the same library into an empty cache each
+    load a complete one, and leave the library alone (no objects, no temporary files, no lock
+    that a killed build could leave for the next to wait on)."""
+    import subprocess
+    import sys
+
+    code = ("import torch; from torch_ntm.engines import library; "
+            "print(library.available('mann', torch.float32), library.error('mann', "
+            "torch.float32))")
+    env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    runs = [subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True) for _ in range(2)]
+    outputs = [r.communicate(timeout=300)[0] for r in runs]
+    assert [o.strip().splitlines()[-1] for o in outputs] == ["True None"] * 2, outputs
+    (build,) = [p for p in tmp_path.iterdir() if p.name.startswith("torch_ntm_mann_")]
+    assert [p.name for p in build.iterdir()] == [f"{build.name}.so"]
+
+
+def test_a_failed_compile_names_the_file_and_the_first_error(tmp_path):
+    source = tmp_path / "broken.cpp"
+    source.write_text("int f() { return undeclared; }\n")
+    with pytest.raises(RuntimeError, match=r"failed \(1\) on broken.cpp: .*error.*undeclared"):
+        library._run({"broken.cpp": ["c++", "-c", str(source), "-o", str(tmp_path / "b.o")]})

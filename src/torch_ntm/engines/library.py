@@ -1,11 +1,12 @@
 """The native library: every model's C++ kernels (``csrc/*.cpp``), built on first use and called
 through ctypes.
 
-The library is built with `torch.utils.cpp_extension` (a C++ compiler and ninja, which ``pip install
-ninja`` provides; no torch header, so seconds on a 2-core CPU: csrc/vec.h is the vector type, with
-torch's own SLEEF functions) and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
-``~/.cache/torch_extensions``): one library per model's kernels (a `Description`'s ``name`` and
-``sources``) and float dtype, each built when first needed, serves every size and sequence length.
+The library is built by the C++ compiler (``$CXX``, else ``c++``), linked to torch's own library
+for its BLAS and SLEEF functions (no torch header, so seconds on a 2-core CPU: csrc/vec.h is the
+vector type), and cached on disk (``TORCH_EXTENSIONS_DIR``, by default
+``~/.cache/torch_extensions``, as torch's extensions): one library per model's kernels (a
+`Description`'s ``name`` and ``sources``) and float dtype, each built when first needed, serves
+every size and sequence length. Builds take no lock (`_compile`), so no process waits on another.
 
 A kernel is ``int name(int dtype, const Description* d, const uintptr_t* pointers)``: the static
 sizes of the call in a `Description` (a ctypes structure each engine declares, from which the C++
@@ -21,6 +22,7 @@ import hashlib
 import importlib
 import logging
 import os
+import subprocess
 import threading
 from pathlib import Path
 
@@ -88,12 +90,17 @@ def header() -> str:
     return "\n".join(lines + ["}  // namespace torch_ntm", ""])
 
 
+def _root() -> Path:
+    """Where builds are cached: ``$TORCH_EXTENSIONS_DIR``, else torch's extensions' folder."""
+    from torch.utils import cpp_extension
+
+    return Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
+
+
 def _generated(text: str) -> Path:
     """A folder holding ``calls.h`` with ``text``, named by its hash (written atomically: another
     process may write the same)."""
-    from torch.utils import cpp_extension
-
-    root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or cpp_extension.get_default_build_root())
+    root = _root()
     folder = root / f"torch_ntm_calls_{hashlib.sha256(text.encode()).hexdigest()[:16]}"
     path = folder / "calls.h"
     if not path.is_file() or path.read_text() != text:
@@ -179,32 +186,79 @@ def library(name: str, dtype: torch.dtype) -> ctypes.CDLL | None:
 
 def _build(name: str, dtype: torch.dtype) -> dict:
     try:
-        from torch.utils import cpp_extension
-
         (sources,) = {d.sources for d in _descriptions() if d.name == name}
         capability = torch.backends.cpu.get_cpu_capability().lower()
         text = header()
         generated = _generated(text)
         # The code's hash in the name (and so the build's folder): new code (a header too) is a
         # new build, and processes running two versions (two checkouts, an upgrade) each build
-        # and load their own instead of rebuilding one folder in turn, each waiting on the
-        # other's lock.
+        # and load their own.
         digest = _sources_hash(text)
-        flags = [*_flags(), f"-DTORCH_NTM_SOURCES={digest}"]
-        path = cpp_extension.load(
-            name=f"torch_ntm_{name}_{capability}_f{torch.finfo(dtype).bits}_{digest[:8]}",
-            sources=[str(_CSRC / source) for source in (*sources, "library.cpp")],
-            extra_cflags=flags + (["-DTORCH_NTM_FLOAT64"] if dtype == torch.float64 else []),
-            extra_include_paths=[str(_CSRC), str(generated)],
-            is_python_module=False, verbose=False)
-        lib = ctypes.CDLL(path)
+        flags = [*_flags(), f"-DTORCH_NTM_SOURCES={digest}", f"-I{_CSRC}", f"-I{generated}"]
+        if dtype == torch.float64:
+            flags.append("-DTORCH_NTM_FLOAT64")
+        path = _compile(f"torch_ntm_{name}_{capability}_f{torch.finfo(dtype).bits}_{digest[:8]}",
+                        [_CSRC / source for source in (*sources, "library.cpp")], flags)
+        lib = ctypes.CDLL(str(path))
         _declare(lib)
         if not lib.torch_ntm_has_blas():
             _log.warning("the native library found no BLAS exported by torch: its matmuls "
                          "run a plain loop, many times slower")
         return {"lib": lib}
-    except Exception as exc:  # no compiler, no ninja, a failed build
+    except Exception as exc:  # no compiler, a failed build
         return {"error": f"{type(exc).__name__}: {str(exc).strip().splitlines()[-1]}"}
+
+
+def _compile(build: str, sources: list[Path], flags: list[str]) -> Path:
+    """The shared library ``build`` of ``sources``, compiled with ``flags`` unless a process built
+    it before: ``<build root>/<build>/<build>.so``.
+
+    No lock: each process compiles into files of its own (the sources in parallel, one compiler
+    each) and moves the library into place in one atomic rename, so processes that build at once
+    each load a complete library, and one killed midway leaves nothing another would wait on.
+
+    Raises:
+        RuntimeError: with the compiler's last message, if a command fails.
+    """
+    root = _root()
+    folder = root / build
+    target = folder / f"{build}.so"
+    if target.is_file():
+        return target
+    folder.mkdir(parents=True, exist_ok=True)
+    cxx = os.environ.get("CXX", "c++")
+    own = f"{os.getpid()}-{threading.get_ident()}"
+    objects = [folder / f"{source.stem}.{own}.o" for source in sources]
+    temporary = folder / f"{build}.so.{own}.tmp"
+    torch_lib = Path(torch.__file__).resolve().parent / "lib"
+    try:
+        _run({source.name: [cxx, "-fPIC", "-std=c++20", *flags, "-c", str(source), "-o", str(obj)]
+              for source, obj in zip(sources, objects)})
+        _run({"the link": [cxx, "-shared", *map(str, objects), "-o", str(temporary),
+                           f"-L{torch_lib}", "-lc10", "-ltorch_cpu", f"-Wl,-rpath,{torch_lib}"]})
+        os.replace(temporary, target)
+    finally:
+        for leftover in (*objects, temporary):
+            leftover.unlink(missing_ok=True)
+    return target
+
+
+def _run(commands: dict[str, list[str]]) -> None:
+    """Runs ``commands`` (what each does, to the command) side by side and waits for all.
+
+    Raises:
+        RuntimeError: naming the first that failed, with its first error line.
+    """
+    processes = {what: subprocess.Popen(c, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                        text=True) for what, c in commands.items()}
+    outputs = {what: p.communicate()[0] for what, p in processes.items()}
+    for what, process in processes.items():
+        if process.returncode != 0:
+            lines = outputs[what].strip().splitlines()
+            first = next((line for line in lines if "error" in line), lines[-1] if lines else
+                         "no output")
+            raise RuntimeError(f"{Path(commands[what][0]).name} failed ({process.returncode}) "
+                               f"on {what}: {first}")
 
 
 def prepare(name: str, dtype: torch.dtype = torch.float32) -> None:
@@ -212,8 +266,7 @@ def prepare(name: str, dtype: torch.dtype = torch.float32) -> None:
     thread, so that the build (seconds, the first time on a machine) overlaps with what a program
     does before its first native call; that call then waits for it."""
     if (name, dtype) not in _LIBRARY:  # not a daemon: a process that exits first waits for the
-        # build to end (a build killed midway would leave torch's lock file, on which the next
-        # build would wait)
+        # build to end rather than leave its compilers running
         threading.Thread(target=library, args=(name, dtype), name="torch_ntm library").start()
 
 
