@@ -1,19 +1,20 @@
-"""A user's own training loop around the library's modules, timed as a newcomer runs it: the
-module with no engine argument (what ``NTM(...)`` and ``MANN(...)`` give by default) against the
-same module on ``engine="eager"`` and against a plain eager NTM written from the paper here
-(per-head linear layers, batched addressing, a Python loop over time; the kind of NTM other
-libraries ship).
+"""A user's own training loop around the library's modules, timed as a newcomer runs it: the module
+with no engine argument (what ``NTM(...)``, ``MANN(...)`` and ``DNC(...)`` give by default)
+against the same module on ``engine="eager"`` and against a plain eager NTM written from the
+paper here (per-head linear layers, batched addressing, a Python loop over time; the kind of NTM
+other libraries ship).
 
-    python scripts/user_loop.py [--batch-size 16] [--repeats 7] [--models ntm,mann]
+    python scripts/user_loop.py [--batch-size 16] [--repeats 7] [--models ntm,mann,dnc]
 
 NTM: the copy task (`torch_ntm.tasks.CopyTask`, L = 20, so 41 steps), ``NTM(9, 8)``, the task's
 masked binary cross-entropy, Adam at 3e-3, ``clip_grad_norm_`` at 10. MANN: ``MANN(405, 5)`` on
 random episodes of 50 steps (400 image features and a 5-way one-hot of the previous label),
-cross-entropy at every step, Adam. One thread. Each loop runs a warm-up (the native library's build
-included, the first time on a machine), then ``--repeats`` interleaved blocks of ``--steps``
-training steps; the table gives each loop's median sequences per second and its ratio to the plain
-loop (NTM) or to the eager engine (MANN), all measured in this one process.
-"""
+cross-entropy at every step, Adam. DNC: ``DNC(9, 8)`` (DeepMind's reference sizes: an LSTM of
+64, 16 x 16 memory, 4 read heads) on the NTM's copy batches and loss, Adam at 1e-3. One thread.
+Each loop runs a warm-up (the native library's build included, the first time on a machine),
+then ``--repeats`` interleaved blocks of ``--steps`` training steps; the table gives each loop's
+median sequences per second and its ratio to the plain loop (NTM) or to the eager engine (MANN,
+DNC), all measured in this one process."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torch_ntm import MANN, NTM
+from torch_ntm import DNC, MANN, NTM
 from torch_ntm.metrics import masked_bce
 from torch_ntm.tasks import CopyTask
 
@@ -104,6 +105,27 @@ def ntm_loops(batch: int):
             "plain eager NTM": loop(PlainNTM(9, 8))}, "plain eager NTM"
 
 
+def dnc_loops(batch: int):
+    task = CopyTask().with_size(20)
+    data = task.sample(batch, torch.Generator().manual_seed(0))
+
+    def loop(model):
+        optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
+
+        def step():
+            logits, _ = model(data.inputs)
+            loss = masked_bce(logits, data.targets, data.mask).mean()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+        return step
+
+    torch.manual_seed(0)
+    return {"DNC(9, 8)": loop(DNC(9, 8)),
+            'DNC(9, 8, engine="eager")': loop(DNC(9, 8, engine="eager"))}, \
+        'DNC(9, 8, engine="eager")'
+
+
 def mann_loops(batch: int):
     g = torch.Generator().manual_seed(0)
     labels = torch.randint(0, 5, (50, batch), generator=g)
@@ -132,11 +154,12 @@ def main() -> None:
     p.add_argument("--batch-size", type=int, default=16)
     p.add_argument("--steps", type=int, default=5, help="training steps per timed block")
     p.add_argument("--repeats", type=int, default=7, help="interleaved blocks per loop")
-    p.add_argument("--models", default="ntm,mann", help="comma-separated: ntm, mann")
+    p.add_argument("--models", default="ntm,mann,dnc", help="comma-separated: ntm, mann, dnc")
     args = p.parse_args()
     torch.set_num_threads(1)
     for name in args.models.split(","):
-        loops, reference = {"ntm": ntm_loops, "mann": mann_loops}[name](args.batch_size)
+        loops, reference = {"ntm": ntm_loops, "mann": mann_loops,
+                            "dnc": dnc_loops}[name](args.batch_size)
         warmup = {}
         for label, step in loops.items():
             start = time.perf_counter()

@@ -46,13 +46,14 @@ from torch_ntm.checks import (
     read_only_options,
 )
 from torch_ntm.controllers import CONTROLLERS
+from torch_ntm.engines import dnc as native
 from torch_ntm.layout import DNCLayout, DNCState
 from torch_ntm.sequence import SequenceModel
 
 __all__ = ["DNC", "DNCCell", "DNCOptions", "DNCState", "DNCTrace", "ENGINES"]
 
-# How `DNC.forward` computes a sequence. The DNC has no native engine yet: on the CPU "auto" and
-# "native" run the eager loop; on CUDA "auto" runs the graphs engine (`torch_ntm.engines.choose`).
+# How `DNC.forward` computes a sequence (`torch_ntm.engines`): "auto" is the native engine on the
+# CPU (`torch_ntm.engines.dnc`) and the graphs engine on CUDA.
 ENGINES = engines.ENGINES
 
 
@@ -268,11 +269,12 @@ class DNC(SequenceModel, _DNCBase):
             approximation, keeping the K largest entries of the write weighting and precedence
             (`torch_ntm.dnc_functional.sparse_link`; stored dense for now).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
-        engine: ``"auto"`` (default), ``"native"`` or ``"eager"``, as for `torch_ntm.NTM`
-            (`torch_ntm.engines`). The DNC has no native engine yet, so every call runs the
-            eager loop over its step (``"native"`` says so once); a native engine can be added
-            behind the same argument. May be changed on a built module by assigning
-            ``dnc.engine``.
+        engine: ``"auto"`` (default), ``"native"``, ``"graphs"`` or ``"eager"``, as for
+            `torch_ntm.NTM` (`torch_ntm.engines`): "auto" runs the native engine on the CPU
+            (`torch_ntm.engines.dnc`: the whole sequence forward and backward in C++), which
+            serves a one-layer LSTM controller, one write head and the exact link matrix (the
+            paper's DNC, the default); any other runs the eager loop over the step, the reason
+            logged once. May be changed on a built module by assigning ``dnc.engine``.
         device: of the parameters.
         dtype: of the parameters.
 
@@ -286,7 +288,9 @@ class DNC(SequenceModel, _DNCBase):
         logits, state = dnc(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
-    _state_type = DNCState  # no native engine yet: `runs_on` gives graphs on CUDA, else eager
+    _state_type = DNCState
+    _native_engine = native
+    _native_call = native.DNCCall
 
     def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
                  controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,

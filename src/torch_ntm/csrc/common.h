@@ -221,4 +221,51 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
   }
 }
 
+
+// ------------------------------------------------------------------------------------------------
+// One step of a one-layer LSTM controller fed its input's projection and the previous step's reads
+// (the MANN's and the DNC's: engines/mann.py's and engines/dnc.py's `forward` compute the input
+// side, ``xpre = x W_ix^T + b``, for all steps in one torch matmul), and the head layer after it.
+// Z = RM + C: the recurrent matmul's input [reads_{t-1}, h_{t-1}] per batch row.
+// ------------------------------------------------------------------------------------------------
+
+// z [B, Z] = [rprev, hprev]; act [B, 4C] = xpre_t + z W_rh^T, then the activated gates; c_new,
+// h [B, C]; raw [B, P] = bp + h W_p^T.
+template <typename F>
+void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rprev,
+                        const F* hprev, const F* xpre_t, const F* wrh, const F* wp, const F* bp,
+                        const F* c_prev, F* c_new, F* z, F* act, F* h, F* raw) {
+  const int64_t Z = RM + C, G = 4 * C;
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy(rprev + b * RM, rprev + (b + 1) * RM, z + b * Z);
+    std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + RM);
+  }
+  std::copy(xpre_t, xpre_t + B * G, act);
+  gemm<F>(false, true, B, G, Z, z, wrh, F(1), act);
+  lstm_gates(act, c_prev, c_new, h, B, C);
+  fill_rows(raw, bp, B, P);
+  gemm<F>(false, true, B, P, C, h, wp, F(1), raw);
+}
+
+// `controller_forward` backward, from draw [B, P] (the head layer's outputs' gradient), dho
+// [B, C] (h's, from the outputs) and the carried dh, dc, dreads [B, C], [B, C], [B, RM] (those
+// of h_t, c_t and the reads r_t from the steps after; replaced in place by those of step t - 1):
+// writes dgates [B, 4C]. act, c_prev, c_new: the forward's; dh [B C], dz [B Z], tc [C]: scratch.
+template <typename F>
+void controller_backward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* draw,
+                         const F* dho, const F* wp, const F* wrh, const F* act, const F* c_prev,
+                         const F* c_new, F* dh_carried, F* dc, F* dreads, F* dgates, F* dh,
+                         F* dz, F* tc) {
+  const int64_t Z = RM + C, G = 4 * C;
+#pragma omp simd
+  for (int64_t e = 0; e < B * C; ++e) dh[e] = dho[e] + dh_carried[e];
+  gemm<F>(false, false, B, C, P, draw, wp, F(1), dh);  // += draw W_p
+  lstm_gates_backward(act, c_prev, c_new, dh, dc, dgates, tc, B, C);
+  gemm<F>(false, false, B, Z, G, dgates, wrh, F(0), dz);  // [dreads, dh] of step t - 1
+  for (int64_t b = 0; b < B; ++b) {
+    std::copy(dz + b * Z, dz + b * Z + RM, dreads + b * RM);
+    std::copy(dz + b * Z + RM, dz + (b + 1) * Z, dh_carried + b * C);
+  }
+}
+
 }  // namespace torch_ntm

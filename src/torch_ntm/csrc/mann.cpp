@@ -525,27 +525,15 @@ struct Params {
 template <typename F>
 void forward(const View<F>& v, const Params<F>& p) {
   const Cfg& c = v.c;
-  const int64_t B = c.B, C = c.C, G = c.G(), Z = c.Z(), H = c.H, M = c.M, N = c.N;
+  const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
-    // Controller: gates = xpre[t] + [reads_{t-1}, h_{t-1}] W_rh^T.
-    const F* rprev = t == 0 ? p.reads0 : v.reads(t - 1);
-    const F* hprev = t == 0 ? p.h0 : v.hs(t - 1);
-    F* z = v.z(st);
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy(rprev + b * H * M, rprev + (b + 1) * H * M, z + b * Z);
-      std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + H * M);
-    }
-    F* a = v.act(st);
-    std::copy(p.xpre + t * B * G, p.xpre + (t + 1) * B * G, a);
-    gemm<F>(false, true, B, G, Z, z, p.wrh, F(1), a);
-    F* h = v.hs(t);
-    lstm_gates(a, v.cell(s0), v.cell(s1), h, B, C);
-    // Head layer, then each batch element's memory.
+    // Controller and head layer (common.h).
     F* raw = v.raw(st);
-    fill_rows(raw, p.bp, B, c.P);
-    gemm<F>(false, true, B, c.P, C, h, p.wp, F(1), raw);
+    controller_forward(B, C, H * M, c.P, t == 0 ? p.reads0 : v.reads(t - 1),
+                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp, p.bp,
+                       v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
     // Where every step's memory is kept, the step computes in two slots of work that stay in
     // cache, and its memory is streamed to the history (written in place, each step's new
     // lines were first read from DRAM: ~4 of a 16 ms forward at the paper's sizes).
@@ -589,8 +577,8 @@ template <typename F>
 void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dreads_out,
               Carried<F>& g, F* dgates, F* draw) {
   const Cfg& c = v.c;
-  const int64_t B = c.B, C = c.C, G = c.G(), Z = c.Z(), H = c.H, M = c.M, N = c.N;
-  std::vector<F> dh(B * C), dz(B * Z), tc(C), dr(B * H * M);
+  const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
+  std::vector<F> dh(B * C), dz(B * c.Z()), tc(C), dr(B * H * M);
   for (int64_t t = c.T - 1; t >= 0; --t) {
     const F* dro = dreads_out + t * B * H * M;
 #pragma omp simd
@@ -612,18 +600,10 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
                              inv.data(), dmsq.data());
       }
     }
-    // h_t feeds the outputs, the head layer and the next step's gates.
-    const F* dho = dhs + t * B * C;
-#pragma omp simd
-    for (int64_t e = 0; e < B * C; ++e) dh[e] = dho[e] + g.dh[e];
-    gemm<F>(false, false, B, C, c.P, drw, p.wp, F(1), dh.data());  // += draw W_p
-    F* dg = dgates + t * B * G;
-    lstm_gates_backward(v.act(t), v.cell(t), v.cell(t + 1), dh.data(), g.dc, dg, tc.data(), B, C);
-    gemm<F>(false, false, B, Z, G, dg, p.wrh, F(0), dz.data());  // [dreads, dh] of step t - 1
-    for (int64_t b = 0; b < B; ++b) {
-      std::copy(dz.data() + b * Z, dz.data() + b * Z + H * M, g.dreads + b * H * M);
-      std::copy(dz.data() + b * Z + H * M, dz.data() + (b + 1) * Z, g.dh + b * C);
-    }
+    // h_t feeds the outputs, the head layer and the next step's gates (common.h).
+    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, p.wp, p.wrh, v.act(t), v.cell(t),
+                        v.cell(t + 1), g.dh, g.dc, g.dreads, dgates + t * B * c.G(), dh.data(),
+                        dz.data(), tc.data());
   }
 }
 

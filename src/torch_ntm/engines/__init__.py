@@ -1,14 +1,14 @@
 """How the models compute a sequence: the engines, behind one interface.
 
 Every model (`torch_ntm.NTM`, `torch_ntm.MANN`, `torch_ntm.DNC`) has the same engines, chosen by
-its ``engine`` argument (the DNC has no native kernels yet: every call runs its eager loop):
+its ``engine`` argument:
 
 - ``"eager"``: the model's own loop over its step (``model._step``), with autograd recording every
   op: the specification the other engines are tested against, and the engine for everything the
   others cannot do: `torch.func` transforms, forward-mode AD, `torch.autocast`, dtypes other than
   float32 and float64, devices without a native engine.
-- ``"native"``: the whole sequence, forward and backward, as one C++ call each (`ntm`, `mann`
-  here; kernels in ``csrc/``, built on first use by `library`), on the CPU, in float32 and
+- ``"native"``: the whole sequence, forward and backward, as one C++ call each (`ntm`, `mann`,
+  `dnc` here; kernels in ``csrc/``, built on first use by `library`), on the CPU, in float32 and
   float64.
 - ``"graphs"``: on a CUDA GPU, the eager step unrolled over the sequence and captured as CUDA
   graphs, forward and backward, one pair per bucket of sequence lengths (`graphs`), replayed.
@@ -60,9 +60,14 @@ def eager_only() -> bool:
             or torch.autograd.forward_ad._current_level >= 0)
 
 
-def _why_not_native(x: Tensor, kernels) -> str | None:
-    """Why the native engine cannot run a call with input ``x`` on ``kernels`` (the model's
-    `library.Description`), or None if it can."""
+def _why_not_native(model: torch.nn.Module, x: Tensor, kernels) -> str | None:
+    """Why the native engine cannot run ``model``'s call with input ``x`` on ``kernels`` (the
+    model's `library.Description`, which may say why it cannot run a model: ``why_not``), or None
+    if it can."""
+    why_not_model = getattr(kernels, "why_not", None)
+    why = why_not_model(model) if why_not_model is not None else None
+    if why is not None:
+        return why
     if eager_only():
         return "a torch.func transform or forward-mode AD is active"
     if torch.is_autocast_enabled(x.device.type):
@@ -82,7 +87,8 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
     ``"eager"``.
 
     ``kernels``: the `library.Description` of the native kernels that would serve the model
-    (``NTMCall``, ``MANNCall``), or None for a model that has none yet (`torch_ntm.DNC`).
+    (``NTMCall``, ``MANNCall``, ``DNCCall``; its ``why_not(model)``, where it has one, says why
+    it cannot run a model), or None for a model that has none.
     ``model.engine`` ``"eager"`` is eager; ``"native"`` and ``"graphs"`` are that engine where
     it can serve the call; ``"auto"`` is graphs for a CUDA input, else native, where it can (for
     a model without native kernels, eager on the CPU without a word: there is nothing faster). A
@@ -100,7 +106,7 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
             say_once(f"{type(model).__name__} has no native engine yet: engine 'native' runs on "
                      f"the eager engine")
         return "eager"
-    why = graphs.why_not(model, x) if wanted == "graphs" else _why_not_native(x, kernels)
+    why = graphs.why_not(model, x) if wanted == "graphs" else _why_not_native(model, x, kernels)
     if why is None:
         return wanted
     say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
@@ -109,12 +115,12 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
 
 
 def prepare(model: str, dtype: torch.dtype = torch.float32) -> None:
-    """Start building the native kernels of ``model`` (``"ntm"`` or ``"mann"``, as
+    """Start building the native kernels of ``model`` (``"ntm"``, ``"mann"`` or ``"dnc"``, as
     `torch_ntm.config.TrainConfig` names it; another: nothing) in the background
     (`library.prepare`): ``ntm`` commands call this as soon as they know the model."""
-    from torch_ntm.engines import mann, ntm
+    from torch_ntm.engines import dnc, mann, ntm
 
-    kernels = {"ntm": ntm.NTMCall, "mann": mann.MANNCall}.get(model)
+    kernels = {"ntm": ntm.NTMCall, "mann": mann.MANNCall, "dnc": dnc.DNCCall}.get(model)
     if kernels is not None:
         library.prepare(kernels.name, dtype)
 

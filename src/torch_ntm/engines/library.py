@@ -40,7 +40,7 @@ DTYPES = {torch.float32: 0, torch.float64: 1}  # the dtypes the kernels compute 
 _LIBRARY: dict = {}
 _BUILDING = threading.Lock()  # held while a thread builds or loads a library
 # The modules whose `Description`s and kernels the library holds (each imports this one).
-_ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann")
+_ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann", "torch_ntm.engines.dnc")
 
 
 class Description(ctypes.Structure):

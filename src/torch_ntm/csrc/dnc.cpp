@@ -1,0 +1,611 @@
+// The DNC's native engine (engines/dnc.py is its Python side): all T steps of
+// `torch_ntm.dnc._DNCBase._step` forward, and backward in reverse, one C call each, on buffers
+// torch allocated. The controller's and the interface layer's matmuls are `gemm` calls over the
+// batch (common.h's `controller_forward`); the memory access of a step (dnc_functional's
+// equations: retention, usage, allocation, write weighting, erase and write, link, precedence,
+// directional weightings, read content, read modes, reads) is loops over one batch element's
+// memory, in the paper's [N, W] layout. The backward recomputes each step's intermediates from the
+// state kept for every step (memory, usage, link, precedence and weightings) and its interface
+// layer output, then runs the step's equations backward.
+//
+// Shapes: T steps, B batch, C controller units, R read heads, one write head, memory N rows of
+// width W, P interface outputs (torch_ntm.layout.DNC_FIELDS, where each field starts given by
+// the call: `DNCCall`).
+
+#include "calls.h"  // generated from engines/dnc.py's DNCCall
+#include "common.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <numeric>
+#include <stdexcept>
+#include <vector>
+
+namespace torch_ntm {
+namespace {
+namespace dnc {
+
+constexpr double kEps = 1e-8;  // functional.EPS
+
+struct Cfg {
+  int64_t T, B, C, R, W, N, P;
+  // where each interface field starts in a row of the interface layer's output
+  int64_t rkey, rstr, wkey, wstr, erase, wvec, free, agate, wgate, modes;
+  bool keep_all;
+
+  int64_t G() const { return 4 * C; }
+  int64_t RW() const { return R * W; }
+};
+
+// One batch element's state (a slot): memory [N, W], usage [N], link [N, N], precedence [N],
+// read weightings [R, N], write weighting [N].
+template <typename F>
+struct State {
+  F *mem, *usage, *link, *prec, *wr, *ww;
+};
+
+// The buffers (engines/dnc.py's `_Buffers`): per slot (T + 1 of state, or 2 for inference) or
+// per step (T, or 1 for inference; hs and reads always T).
+template <typename F>
+struct View {
+  Cfg c;
+  F *cell_, *mem_, *usage_, *link_, *prec_, *wr_, *ww_, *hs_, *reads_, *z_, *act_, *raw_;
+
+  F* cell(int64_t s) const { return cell_ + s * c.B * c.C; }
+  State<F> state(int64_t s, int64_t b) const {
+    const int64_t N = c.N, k = s * c.B + b;
+    return {mem_ + k * N * c.W, usage_ + k * N, link_ + k * N * N, prec_ + k * N,
+            wr_ + k * c.R * N, ww_ + k * N};
+  }
+  F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
+  F* reads(int64_t t) const { return reads_ + t * c.B * c.RW(); }
+  F* z(int64_t st) const { return z_ + st * c.B * (c.RW() + c.C); }
+  F* act(int64_t st) const { return act_ + st * c.B * c.G(); }
+  F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
+};
+
+// What a step computes on the way, for one batch element: what its backward needs.
+template <typename F>
+struct Scratch {
+  std::vector<F> act;     // [P] the activated interface
+  std::vector<F> psi;     // [N] retention
+  std::vector<F> wcos, cw, winv;  // [N] write content: cosines, weighting, 1 / |M_{t-1} row|
+  std::vector<int64_t> order;     // [N] the free list: rows by ascending usage
+  std::vector<F> before;  // [N] prod of the sorted usages before each place
+  std::vector<F> alloc;   // [N] allocation weighting
+  std::vector<F> fwd, bwd;  // [R, N] forward and backward weightings
+  std::vector<F> rcos, rc;  // [R, N] read content: cosines, weightings
+  std::vector<F> rinv;      // [N] 1 / |M_t row|
+
+  explicit Scratch(const Cfg& c)
+      : act(c.P), psi(c.N), wcos(c.N), cw(c.N), winv(c.N), order(c.N), before(c.N),
+        alloc(c.N), fwd(c.R * c.N), bwd(c.R * c.N), rcos(c.R * c.N), rc(c.R * c.N),
+        rinv(c.N) {}
+};
+
+// ------------------------------------------------------------------------------------------------
+// Forward of one batch element's memory access.
+// ------------------------------------------------------------------------------------------------
+
+// The activated interface (layout.DNCLayout.activate): keys and the write vector as they are,
+// strengths 1 + softplus, erase and the gates sigmoid, each read mode a softmax of 3.
+template <typename F>
+void activate(const Cfg& c, const F* raw, F* act) {
+  std::copy(raw, raw + c.P, act);
+  for (int64_t r = 0; r < c.R; ++r) act[c.rstr + r] = F(1) + softplus(raw[c.rstr + r]);
+  act[c.wstr] = F(1) + softplus(raw[c.wstr]);
+  map1(act + c.erase, raw + c.erase, c.W, vsigmoid<F>);
+  for (int64_t r = 0; r < c.R; ++r) act[c.free + r] = sigmoid(raw[c.free + r]);
+  act[c.agate] = sigmoid(raw[c.agate]);
+  act[c.wgate] = sigmoid(raw[c.wgate]);
+  for (int64_t r = 0; r < c.R; ++r) {  // torch.softmax: shifted by the max
+    const F* x = raw + c.modes + 3 * r;
+    F* y = act + c.modes + 3 * r;
+    const F mx = std::max(x[0], std::max(x[1], x[2]));
+    F e[3], total = 0;
+    for (int k = 0; k < 3; ++k) total += (e[k] = std::exp(x[k] - mx));
+    for (int k = 0; k < 3; ++k) y[k] = e[k] / total;
+  }
+}
+
+// 1 / sqrt(|row|^2 + EPS) for each of the N rows of mem [N, W].
+template <typename F>
+void inverse_norms(const F* mem, int64_t N, int64_t W, F* inv) {
+  for (int64_t i = 0; i < N; ++i) inv[i] = F(1) / std::sqrt(dot(mem + i * W, mem + i * W, W) + F(kEps));
+}
+
+// functional.content_weights for one key: cos [N] the cosine similarities, w [N] the softmax of
+// beta cos, from the rows' inverse norms inv [N].
+template <typename F>
+void content(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_t W, F* cos,
+             F* w) {
+  const F ik = F(1) / std::sqrt(dot(key, key, W) + F(kEps));
+  for (int64_t i = 0; i < N; ++i) {
+    cos[i] = dot(key, mem + i * W, W) * ik * inv[i];
+    w[i] = beta * cos[i];
+  }
+  const F mx = max_of(w, N, -std::numeric_limits<F>::infinity());
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) w[i] -= mx;
+  map1(w, w, N, [](Vec<F> v) { return v.exp(); });
+  const F total = F(1) / sum(w, N);
+#pragma omp simd
+  for (int64_t i = 0; i < N; ++i) w[i] *= total;
+}
+
+// Whether (a, i) comes before (b, j) in torch's stable ascending sort (NaN after every number).
+template <typename F>
+inline bool before(F a, int64_t i, F b, int64_t j) {
+  if (std::isnan(a)) return std::isnan(b) && i < j;
+  if (std::isnan(b)) return true;
+  return a < b || (a == b && i < j);
+}
+
+// One step from `prev` into `next`, reads [R, W] of the new memory; s: the intermediates.
+template <typename F>
+void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& next, F* reads,
+            Scratch<F>& s) {
+  const int64_t N = c.N, W = c.W, R = c.R;
+  F* a = s.act.data();
+  activate(c, raw, a);
+  // Retention and usage (dnc_functional.retention, usage): 1 - (1 - w) is the one head's
+  // "written", as the eager loop rounds it.
+  std::fill(s.psi.begin(), s.psi.end(), F(1));
+  for (int64_t r = 0; r < R; ++r) {
+    const F f = a[c.free + r];
+    const F* w = prev.wr + r * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) s.psi[i] *= F(1) - f * w[i];
+  }
+  for (int64_t i = 0; i < N; ++i) {
+    const F written = F(1) - (F(1) - prev.ww[i]);
+    next.usage[i] = (prev.usage[i] + written - prev.usage[i] * written) * s.psi[i];
+  }
+  // Write content weighting on M_{t-1}; the allocation weighting from the free list.
+  inverse_norms(prev.mem, N, W, s.winv.data());
+  content(prev.mem, s.winv.data(), a + c.wkey, a[c.wstr], N, W, s.wcos.data(), s.cw.data());
+  const F* u = next.usage;
+  std::iota(s.order.begin(), s.order.end(), int64_t(0));
+  std::stable_sort(s.order.begin(), s.order.end(),
+                   [u](int64_t i, int64_t j) { return before(u[i], i, u[j], j); });
+  F prod = 1;
+  for (int64_t j = 0; j < N; ++j) {
+    const int64_t i = s.order[j];
+    s.before[j] = prod;
+    s.alloc[i] = (F(1) - u[i]) * prod;
+    prod *= u[i];
+  }
+  // Write weighting, erase and write.
+  const F ga = a[c.agate], gw = a[c.wgate];
+  F total = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    next.ww[i] = gw * (ga * s.alloc[i] + (F(1) - ga) * s.cw[i]);
+    total += next.ww[i];
+  }
+  const F* e = a + c.erase;
+  const F* v = a + c.wvec;
+  for (int64_t i = 0; i < N; ++i) {
+    const F wi = next.ww[i];
+    const F* mp = prev.mem + i * W;
+    F* m = next.mem + i * W;
+#pragma omp simd
+    for (int64_t j = 0; j < W; ++j) m[j] = mp[j] * (F(1) - wi * e[j]) + wi * v[j];
+  }
+  // Link matrix and precedence.
+  for (int64_t i = 0; i < N; ++i) {
+    const F wi = next.ww[i];
+    const F* lp = prev.link + i * N;
+    F* l = next.link + i * N;
+    const F* ww = next.ww;
+    const F* pp = prev.prec;
+#pragma omp simd
+    for (int64_t j = 0; j < N; ++j) l[j] = (F(1) - wi - ww[j]) * lp[j] + wi * pp[j];
+    l[i] = 0;
+  }
+  for (int64_t i = 0; i < N; ++i) next.prec[i] = (F(1) - total) * prev.prec[i] + next.ww[i];
+  // Directional weightings, read content on M_t, read modes, reads.
+  inverse_norms(next.mem, N, W, s.rinv.data());
+  for (int64_t r = 0; r < R; ++r) {
+    const F* w = prev.wr + r * N;
+    F* f = s.fwd.data() + r * N;
+    for (int64_t i = 0; i < N; ++i) f[i] = dot(next.link + i * N, w, N);
+    combine_rows(next.link, w, N, N, s.bwd.data() + r * N, false);
+    F* rc = s.rc.data() + r * N;
+    content(next.mem, s.rinv.data(), a + c.rkey + r * W, a[c.rstr + r], N, W,
+            s.rcos.data() + r * N, rc);
+    const F* m = a + c.modes + 3 * r;
+    const F* bk = s.bwd.data() + r * N;
+    F* wr = next.wr + r * N;
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) wr[i] = m[1] * rc[i] + m[0] * bk[i] + m[2] * f[i];
+    combine_rows(next.mem, wr, N, W, reads + r * W, false);
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// Backward of one batch element's memory access.
+// ------------------------------------------------------------------------------------------------
+
+// functional.content_weights backward for one key, from dw [N]: adds to dmem [N, W] and dkey [W],
+// returns d beta.
+template <typename F>
+F content_backward(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_t W,
+                   const F* cos, const F* w, const F* dw, F* dmem, F* dkey, F* ddot) {
+  const F inner = dot(w, dw, N);
+  const F kq = dot(key, key, W) + F(kEps);
+  const F ik = F(1) / std::sqrt(kq);
+  F dbeta = 0, tk = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    const F dz = w[i] * (dw[i] - inner);
+    dbeta += dz * cos[i];
+    const F dcos = dz * beta;
+    ddot[i] = dcos * ik * inv[i];
+    const F t = dcos * cos[i];
+    tk += t;
+    // d|row|^2 = -t / (2 (|row|^2 + EPS)); the row's gradient gains 2 row d|row|^2
+    const F dsq2 = -t * inv[i] * inv[i];
+    const F di = ddot[i];
+    const F* m = mem + i * W;
+    F* dm = dmem + i * W;
+#pragma omp simd
+    for (int64_t j = 0; j < W; ++j) dm[j] += di * key[j] + dsq2 * m[j];
+  }
+  combine_rows(mem, ddot, N, W, dkey, true);
+  const F dkq2 = -tk / kq;  // 2 d|key|^2
+#pragma omp simd
+  for (int64_t j = 0; j < W; ++j) dkey[j] += dkq2 * key[j];
+  return dbeta;
+}
+
+// Carried gradients of one batch element's state: in, those of the state after the step (`next`);
+// out, of the state before it (`prev`). dreads [R, W]: the step's reads' (all of it).
+template <typename F>
+struct Grads {
+  F *dmem, *dusage, *dlink, *dprec, *dwr, *dww;
+};
+
+// Scratch of the backward, for one batch element.
+template <typename F>
+struct BackScratch {
+  std::vector<F> dact, dwr, dmem, dlink, dww, dalloc, dcw, du, dpsi, ddot, drc, dfwd, dbwd, dwrp,
+      dpp;
+  explicit BackScratch(const Cfg& c)
+      : dact(c.P), dwr(c.R * c.N), dmem(c.N * c.W), dlink(c.N * c.N), dww(c.N), dalloc(c.N),
+        dcw(c.N), du(c.N), dpsi(c.N), ddot(c.N), drc(c.N), dfwd(c.N), dbwd(c.N),
+        dwrp(c.R * c.N), dpp(c.N) {}
+};
+
+template <typename F>
+void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& next,
+                     const Scratch<F>& s, const F* dreads, Grads<F>& g, BackScratch<F>& k,
+                     F* draw) {
+  const int64_t N = c.N, W = c.W, R = c.R;
+  const F* a = s.act.data();
+  F* dact = k.dact.data();
+  std::fill(k.dact.begin(), k.dact.end(), F(0));
+  // Reads: the read weightings' and the memory's gradients.
+  std::copy(g.dmem, g.dmem + N * W, k.dmem.begin());
+  F* dmem = k.dmem.data();
+  for (int64_t r = 0; r < R; ++r) {
+    const F* dr = dreads + r * W;
+    const F* wr = next.wr + r * N;
+    F* dw = k.dwr.data() + r * N;
+    for (int64_t i = 0; i < N; ++i) {
+      dw[i] = g.dwr[r * N + i] + dot(next.mem + i * W, dr, W);
+      const F wi = wr[i];
+      F* dm = dmem + i * W;
+#pragma omp simd
+      for (int64_t j = 0; j < W; ++j) dm[j] += wi * dr[j];
+    }
+  }
+  // Read modes, read content, directional weightings. dlink collects the link's gradient,
+  // dwrp that of the previous read weightings.
+  std::copy(g.dlink, g.dlink + N * N, k.dlink.begin());
+  F* dlink = k.dlink.data();
+  F* dwrp = k.dwrp.data();
+  for (int64_t r = 0; r < R; ++r) {
+    const F* dw = k.dwr.data() + r * N;
+    const F* m = a + c.modes + 3 * r;
+    const F* f = s.fwd.data() + r * N;
+    const F* bk = s.bwd.data() + r * N;
+    const F* rc = s.rc.data() + r * N;
+    const F dm[3] = {dot(dw, bk, N), dot(dw, rc, N), dot(dw, f, N)};
+    const F inner = m[0] * dm[0] + m[1] * dm[1] + m[2] * dm[2];
+    for (int q = 0; q < 3; ++q) draw[c.modes + 3 * r + q] = m[q] * (dm[q] - inner);
+    // read content: d rc = m[1] dw
+    F* drc = k.drc.data();
+    for (int64_t i = 0; i < N; ++i) drc[i] = m[1] * dw[i];
+    dact[c.rstr + r] = content_backward(next.mem, s.rinv.data(), a + c.rkey + r * W,
+                                        a[c.rstr + r], N, W, s.rcos.data() + r * N, rc, drc,
+                                        dmem, dact + c.rkey + r * W, k.ddot.data());
+    // fwd[i] = sum_j L[i, j] w[j] and bwd[i] = sum_j L[j, i] w[j] of w = wr_{t-1}[r]:
+    // dL[i, j] += dfwd[i] w[j] + w[i] dbwd[j]; dw[j] = sum_i L[i, j] dfwd[i] + L[j, :] . dbwd
+    const F* w = prev.wr + r * N;
+    F* dfwd = k.dfwd.data();
+    F* dbwd = k.dbwd.data();
+    for (int64_t i = 0; i < N; ++i) {
+      dfwd[i] = m[2] * dw[i];
+      dbwd[i] = m[0] * dw[i];
+    }
+    for (int64_t i = 0; i < N; ++i) {
+      const F dfi = dfwd[i], wi = w[i];
+      F* dl = dlink + i * N;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) dl[j] += dfi * w[j] + wi * dbwd[j];
+    }
+    F* dwp = dwrp + r * N;
+    combine_rows(next.link, dfwd, N, N, dwp, false);
+    for (int64_t j = 0; j < N; ++j) dwp[j] += dot(next.link + j * N, dbwd, N);
+  }
+  for (int64_t i = 0; i < N; ++i) dlink[i * N + i] = 0;  // the diagonal is held at 0
+  // Precedence: p = (1 - sum ww) p_{t-1} + ww.
+  const F* ww = next.ww;
+  const F* pp = prev.prec;
+  F total = 0;
+  for (int64_t i = 0; i < N; ++i) total += ww[i];
+  const F dp_pp = dot(g.dprec, pp, N);
+  F* dww = k.dww.data();
+  F* dpp = k.dpp.data();
+  for (int64_t i = 0; i < N; ++i) {
+    dww[i] = g.dww[i] + g.dprec[i] - dp_pp;
+    dpp[i] = (F(1) - total) * g.dprec[i];
+  }
+  // Link: L[i, j] = (1 - ww[i] - ww[j]) Lp[i, j] + ww[i] pp[j] off the diagonal.
+  for (int64_t i = 0; i < N; ++i) {
+    const F* dl = dlink + i * N;
+    const F* lp = prev.link + i * N;
+    const F wi = ww[i];
+    F* dlp = g.dlink + i * N;  // the carried link gradient, replaced by L_{t-1}'s
+    F row = 0;
+    for (int64_t j = 0; j < N; ++j) {
+      row += dl[j] * (pp[j] - lp[j]);
+      dww[j] -= dl[j] * lp[j];
+      dpp[j] += dl[j] * wi;
+      dlp[j] = dl[j] * (F(1) - wi - ww[j]);
+    }
+    dww[i] += row;
+  }
+  // Erase and write: M = Mp (1 - ww e^T) + ww v^T.
+  const F* e = a + c.erase;
+  const F* v = a + c.wvec;
+  F* de = dact + c.erase;
+  F* dv = dact + c.wvec;
+  for (int64_t i = 0; i < N; ++i) {
+    const F wi = ww[i];
+    const F* mp = prev.mem + i * W;
+    const F* dm = dmem + i * W;
+    F* dmp = g.dmem + i * W;  // the carried memory gradient, replaced by M_{t-1}'s
+    F acc = 0;
+    for (int64_t j = 0; j < W; ++j) {
+      acc += dm[j] * (v[j] - mp[j] * e[j]);
+      de[j] -= dm[j] * mp[j] * wi;
+      dv[j] += dm[j] * wi;
+      dmp[j] = dm[j] * (F(1) - wi * e[j]);
+    }
+    dww[i] += acc;
+  }
+  // Write weighting: ww = gw (ga alloc + (1 - ga) cw).
+  const F ga = a[c.agate], gw = a[c.wgate];
+  F dgw = 0, dga = 0;
+  for (int64_t i = 0; i < N; ++i) {
+    dgw += dww[i] * (ga * s.alloc[i] + (F(1) - ga) * s.cw[i]);
+    dga += dww[i] * (s.alloc[i] - s.cw[i]);
+    k.dalloc[i] = gw * ga * dww[i];
+    k.dcw[i] = gw * (F(1) - ga) * dww[i];
+  }
+  draw[c.wgate] = dgw * gw * (F(1) - gw);
+  draw[c.agate] = dga * gw * ga * (F(1) - ga);
+  // Write content on M_{t-1}.
+  dact[c.wstr] = content_backward(prev.mem, s.winv.data(), a + c.wkey, a[c.wstr], N, W,
+                                  s.wcos.data(), s.cw.data(), k.dcw.data(), g.dmem,
+                                  dact + c.wkey, k.ddot.data());
+  // Allocation: a[phi_j] = (1 - u[phi_j]) prod_{i<j} u[phi_i], the order a constant.
+  F* du = k.du.data();
+  std::copy(g.dusage, g.dusage + N, du);
+  const F* u = next.usage;
+  F q = 0;  // sum over later places k of da_k (1 - s_k) prod_{j<i<k} s_i
+  for (int64_t j = N - 1; j >= 0; --j) {
+    const int64_t i = s.order[j];
+    const F da = k.dalloc[i];
+    du[i] += s.before[j] * (q - da);
+    q = da * (F(1) - u[i]) + u[i] * q;
+  }
+  // Usage: u = (up + w - up w) psi, w = 1 - (1 - ww_{t-1}); retention psi = prod_r (1 - f_r wr).
+  F* dpsi = k.dpsi.data();
+  for (int64_t i = 0; i < N; ++i) {
+    const F up = prev.usage[i];
+    const F written = F(1) - (F(1) - prev.ww[i]);
+    dpsi[i] = du[i] * (up + written - up * written);
+    g.dusage[i] = du[i] * s.psi[i] * (F(1) - written);
+    g.dww[i] = du[i] * s.psi[i] * (F(1) - up);
+  }
+  for (int64_t r = 0; r < R; ++r) {
+    const F f = a[c.free + r];
+    const F* w = prev.wr + r * N;
+    F* dwp = dwrp + r * N;
+    F df = 0;
+    for (int64_t i = 0; i < N; ++i) {
+      F others = 1;  // prod over the other heads (R is small: no division, no prefix tables)
+      for (int64_t o = 0; o < R; ++o) {
+        if (o != r) others *= F(1) - a[c.free + o] * prev.wr[o * N + i];
+      }
+      const F d = dpsi[i] * others;
+      df -= d * w[i];
+      dwp[i] -= d * f;
+    }
+    dact[c.free + r] = df;
+  }
+  std::copy(dwrp, dwrp + R * N, g.dwr);
+  std::copy(dpp, dpp + N, g.dprec);
+  // The activations backward.
+  for (int64_t r = 0; r < R; ++r) {
+    for (int64_t j = 0; j < W; ++j) draw[c.rkey + r * W + j] = dact[c.rkey + r * W + j];
+    draw[c.rstr + r] = dact[c.rstr + r] * sigmoid(raw[c.rstr + r]);
+    const F f = a[c.free + r];
+    draw[c.free + r] = dact[c.free + r] * f * (F(1) - f);
+  }
+  for (int64_t j = 0; j < W; ++j) {
+    draw[c.wkey + j] = dact[c.wkey + j];
+    draw[c.wvec + j] = dact[c.wvec + j];
+    draw[c.erase + j] = dact[c.erase + j] * e[j] * (F(1) - e[j]);
+  }
+  draw[c.wstr] = dact[c.wstr] * sigmoid(raw[c.wstr]);
+}
+
+// ------------------------------------------------------------------------------------------------
+// All steps.
+// ------------------------------------------------------------------------------------------------
+
+template <typename F>
+struct Params {
+  const F* xpre;    // [T, B, 4C] the LSTM's input side, biases included (gates i, f, o, g)
+  const F* wrh;     // [4C, R W + C] the LSTM's weights of [reads, h]
+  const F* wp;      // [P, C] the interface layer
+  const F* bp;      // [P]
+  const F* h0;      // [B, C]
+  const F* reads0;  // [B, R, W]
+};
+
+template <typename F>
+void forward(const View<F>& v, const Params<F>& p) {
+  const Cfg& c = v.c;
+  const int64_t B = c.B, C = c.C, RW = c.RW();
+  Scratch<F> s(c);
+  for (int64_t t = 0; t < c.T; ++t) {
+    const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
+    const int64_t st = c.keep_all ? t : 0;
+    F* raw = v.raw(st);
+    controller_forward(B, C, RW, c.P, t == 0 ? p.reads0 : v.reads(t - 1),
+                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp, p.bp,
+                       v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
+    for (int64_t b = 0; b < B; ++b) {
+      access(c, raw + b * c.P, v.state(s0, b), v.state(s1, b), v.reads(t) + b * RW, s);
+    }
+  }
+}
+
+template <typename F>
+void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dreads_out,
+              Grads<F> g, F* dreads, F* dh, F* dc, F* dgates, F* draw) {
+  const Cfg& c = v.c;
+  const int64_t B = c.B, C = c.C, RW = c.RW(), N = c.N, W = c.W, R = c.R;
+  Scratch<F> s(c);
+  BackScratch<F> k(c);
+  // The step's new state, recomputed into scratch with its intermediates.
+  std::vector<F> mem(N * W), usage(N), link(N * N), prec(N), wr(R * N), ww(N), reads(RW),
+      dr(RW);
+  const State<F> again{mem.data(), usage.data(), link.data(), prec.data(), wr.data(), ww.data()};
+  std::vector<F> dhb(B * C), dz(B * (RW + C)), tc(C);
+  for (int64_t t = c.T - 1; t >= 0; --t) {
+    const F* raw = v.raw(t);
+    F* drw = draw + t * B * c.P;
+    for (int64_t b = 0; b < B; ++b) {
+      const State<F> prev = v.state(t, b), next = v.state(t + 1, b);
+      access(c, raw + b * c.P, prev, again, reads.data(), s);
+      const F* dro = dreads_out + (t * B + b) * RW;
+      for (int64_t e = 0; e < RW; ++e) dr[e] = dro[e] + dreads[b * RW + e];
+      Grads<F> gb{g.dmem + b * N * W, g.dusage + b * N, g.dlink + b * N * N, g.dprec + b * N,
+                  g.dwr + b * R * N, g.dww + b * N};
+      access_backward(c, raw + b * c.P, prev, next, s, dr.data(), gb, k, drw + b * c.P);
+    }
+    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, p.wp, p.wrh, v.act(t), v.cell(t),
+                        v.cell(t + 1), dh, dc, dreads, dgates + t * B * c.G(), dhb.data(),
+                        dz.data(), tc.data());
+  }
+}
+
+// ------------------------------------------------------------------------------------------------
+// The C entry points' arguments.
+// ------------------------------------------------------------------------------------------------
+
+Cfg config(const DNCCall& d) {
+  Cfg c;
+  c.T = d.steps;
+  c.B = d.batch;
+  c.C = d.controller;
+  c.R = d.read_heads;
+  c.W = d.width;
+  c.N = d.rows;
+  c.P = d.fields;
+  c.rkey = d.read_key;
+  c.rstr = d.read_strength;
+  c.wkey = d.write_key;
+  c.wstr = d.write_strength;
+  c.erase = d.erase;
+  c.wvec = d.write_vector;
+  c.free = d.free_gate;
+  c.agate = d.allocation_gate;
+  c.wgate = d.write_gate;
+  c.modes = d.read_mode;
+  c.keep_all = d.keep_all != 0;
+  if (c.T < 1 || c.B < 1 || c.C < 1 || c.R < 1 || c.W < 1 || c.N < 1) {
+    throw std::invalid_argument("dnc: invalid sizes");
+  }
+  const int64_t R = c.R, W = c.W;
+  if (c.rkey != 0 || c.rstr != R * W || c.wkey != c.rstr + R || c.wstr != c.wkey + W ||
+      c.erase != c.wstr + 1 || c.wvec != c.erase + W || c.free != c.wvec + W ||
+      c.agate != c.free + R || c.wgate != c.agate + 1 || c.modes != c.wgate + 1 ||
+      c.P != c.modes + 3 * R) {
+    throw std::invalid_argument("dnc: the interface fields must be DNC_FIELDS' for one write head");
+  }
+  return c;
+}
+
+// The buffers, in the order cell, mem, usage, link, prec, wr, ww, hs, reads, z, act, raw.
+template <typename F>
+View<F> take_view(const Cfg& c, const uintptr_t* p) {
+  View<F> v{c};
+  F** fields[] = {&v.cell_, &v.mem_, &v.usage_, &v.link_, &v.prec_, &v.wr_,
+                  &v.ww_,   &v.hs_,  &v.reads_, &v.z_,    &v.act_,  &v.raw_};
+  for (size_t i = 0; i < 12; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
+  return v;
+}
+
+template <typename F>
+const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
+
+// pointers: xpre, wrh, wp, bp, h0, reads0, then the buffers (take_view).
+template <typename F>
+void run_forward(const DNCCall* d, const uintptr_t* p) {
+  const Cfg c = config(*d);
+  const Params<F> params{arg<F>(p, 0), arg<F>(p, 1), arg<F>(p, 2), arg<F>(p, 3), arg<F>(p, 4),
+                         arg<F>(p, 5)};
+  forward<F>(take_view<F>(c, p + 6), params);
+}
+
+// pointers: wrh, wp, the buffers (take_view), dhs, dreads_out, the carried dmem, dusage, dlink,
+// dprec, dwr, dww, dreads, dh, dc (each replaced by the initial state's), and the outputs dgates,
+// draw.
+template <typename F>
+void run_backward(const DNCCall* d, const uintptr_t* p) {
+  const Cfg c = config(*d);
+  if (!c.keep_all) throw std::invalid_argument("dnc: the backward needs every step's state");
+  Params<F> params{};
+  params.wrh = arg<F>(p, 0);
+  params.wp = arg<F>(p, 1);
+  const View<F> v = take_view<F>(c, p + 2);
+  const uintptr_t* q = p + 14;
+  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(q[i]); };
+  Grads<F> g{ptr(2), ptr(3), ptr(4), ptr(5), ptr(6), ptr(7)};
+  backward<F>(v, params, ptr(0), ptr(1), g, ptr(8), ptr(9), ptr(10), ptr(11), ptr(12));
+}
+
+}  // namespace dnc
+}  // namespace
+}  // namespace torch_ntm
+
+extern "C" {
+
+// dtype: 0 float32, 1 float64 (this build's, entry.h). Each returns 0, or 1 with the message in
+// torch_ntm_last_error.
+int torch_ntm_dnc_forward(int dtype, const torch_ntm::DNCCall* d, const uintptr_t* p) {
+  return torch_ntm::guarded(dtype, [&] { torch_ntm::dnc::run_forward<torch_ntm::Real>(d, p); });
+}
+
+int torch_ntm_dnc_backward(int dtype, const torch_ntm::DNCCall* d, const uintptr_t* p) {
+  return torch_ntm::guarded(dtype, [&] { torch_ntm::dnc::run_backward<torch_ntm::Real>(d, p); });
+}
+
+}  // extern "C"

@@ -1,0 +1,275 @@
+"""The DNC's "native" engine: a whole sequence of `torch_ntm.DNC`, forward and backward, as one
+C++ call each (``csrc/dnc.cpp``, built into the library of `torch_ntm.engines.library`).
+
+The eager step of a DNC is some 60 tensor ops (the allocation's sort, the link matrix, three read
+modes per head), so at its usual sizes (batch 16, a 64-unit LSTM, memory 16 to 128 rows) a step's
+time goes to per-op overhead, forward and backward. Here the time loop is C++: the LSTM's
+recurrent matmul and the interface layer are BLAS calls over the batch, and the memory access of a
+step (`torch_ntm.dnc_functional`'s equations) is loops over each batch element's memory; its
+backward recomputes a step's intermediates from the state kept for every step. What is one matmul
+over all steps stays in torch, under autograd: the LSTM's input side, the output layer, and, after
+the backward call, the weight gradients of the recurrent and interface layers (the MANN engine's
+pattern, `torch_ntm.engines.mann`).
+
+It serves the DNC of the paper's shape: a one-layer LSTM controller, one write head and the exact
+link matrix. Any other (`DNCCall.why_not`) runs on the eager engine, the reason logged once.
+
+The same function as the eager loop, to float rounding; the free list is the same stable sort
+(ties by row index).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+from typing import TYPE_CHECKING, NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from torch_ntm.engines import carried, first_order_only, library, lstm_gate_order
+from torch_ntm.layout import DNCLayout
+
+if TYPE_CHECKING:
+    from torch_ntm.dnc import DNC, DNCState
+
+__all__ = ["DESCRIPTIONS", "DNCCall", "forward"]
+
+_FREED: dict = {}  # "asked": the first call has called `library.keep_freed_memory`
+
+# The interface fields' names in `torch_ntm.layout.DNC_FIELDS` order: `DNCCall` has where each
+# starts.
+_FIELDS = ("read_key", "read_strength", "write_key", "write_strength", "erase", "write_vector",
+           "free_gate", "allocation_gate", "write_gate", "read_mode")
+
+
+class DNCCall(library.Description):
+    """The static sizes of a call of the DNC's kernels (``torch_ntm_dnc_forward``,
+    ``torch_ntm_dnc_backward``): the C++ struct of the same name in the generated ``calls.h``."""
+
+    _fields_ = [
+        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
+        ("controller", ctypes.c_int64), ("read_heads", ctypes.c_int64),  # C, R
+        ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # W, N
+        ("fields", ctypes.c_int64),  # P, the interface layer's outputs
+        # where each field of the interface starts among them (DNC_FIELDS' order)
+        *((name, ctypes.c_int64) for name in _FIELDS),
+        ("keep_all", ctypes.c_int64),  # every step's state, for the backward
+    ]
+    name = "dnc"
+    sources = ("dnc.cpp",)
+
+    @staticmethod
+    def why_not(model: DNC) -> str | None:
+        """Why the kernels cannot run ``model``, or None if they can."""
+        if model.controller_type != "lstm" or model.controller_layers != 1:
+            return ("the native DNC engine runs a one-layer LSTM controller, not "
+                    f"{model.controller_layers} {model.controller_type} layer(s)")
+        if model.write_heads != 1:
+            return f"the native DNC engine runs one write head, not {model.write_heads}"
+        if model.sparse_link is not None:
+            return "the native DNC engine runs the exact link matrix, not sparse_link"
+        return None
+
+
+DESCRIPTIONS = (DNCCall,)
+
+
+class _Buffers(NamedTuple):
+    """What the forward writes and the backward reads (csrc/dnc.cpp's `View`, in its order): per
+    slot of state (T + 1, or 2 for inference), per step (T, or 1 for inference; ``hs`` and
+    ``reads`` always T)."""
+
+    cell: Tensor  # [S, B, C] the LSTM's cells
+    mem: Tensor  # [S, B, N, W]
+    usage: Tensor  # [S, B, N]
+    link: Tensor  # [S, B, N, N]
+    prec: Tensor  # [S, B, N]
+    wr: Tensor  # [S, B, R, N]
+    ww: Tensor  # [S, B, N]
+    hs: Tensor  # [T, B, C] the LSTM's outputs
+    reads: Tensor  # [T, B, R, W]
+    z: Tensor  # [K, B, R W + C] the recurrent matmul's input [reads, h] of the step before
+    act: Tensor  # [K, B, 4C] the LSTM's activated gates (i, f, o, g)
+    raw: Tensor  # [K, B, P] the interface layer's outputs
+
+
+class _Config(NamedTuple):
+    """A model's static sizes (`DNCCall` without a call's steps and batch)."""
+
+    controller: int
+    read_heads: int
+    width: int
+    rows: int
+    fields: int
+    starts: tuple  # where each of `_FIELDS` starts
+    layout: DNCLayout  # the model's interface, for `_eager_sequence`
+
+    def call(self, steps: int, batch: int, keep: bool) -> DNCCall:
+        return DNCCall(steps, batch, self.controller, self.read_heads, self.width, self.rows,
+                       self.fields, *self.starts, int(keep))
+
+
+def _config(model: DNC) -> _Config:
+    layout = model.head_layout
+    starts, start = [], 0
+    for heads, width in layout.fields.values():  # DNC_FIELDS' order, as _FIELDS
+        starts.append(start)
+        start += heads * width
+    return _Config(model.controller_size, model.read_heads, model.memory_width,
+                   model.memory_size, start, tuple(starts), layout)
+
+
+def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> _Buffers:
+    r, w, n, c = cfg.read_heads, cfg.width, cfg.rows, cfg.controller
+    slots, kept = (steps + 1, steps) if keep else (2, 1)
+    shapes = [(slots, batch, c), (slots, batch, n, w), (slots, batch, n), (slots, batch, n, n),
+              (slots, batch, n), (slots, batch, r, n), (slots, batch, n), (steps, batch, c),
+              (steps, batch, r, w), (kept, batch, r * w + c), (kept, batch, 4 * c),
+              (kept, batch, cfg.fields)]
+    return _Buffers(*(like.new_empty(shape) for shape in shapes))
+
+
+def _data(*tensors: Tensor) -> list[int]:
+    """The data addresses of contiguous tensors of one dtype."""
+    for t in tensors:
+        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
+    return [t.data_ptr() for t in tensors]
+
+
+def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence,
+                 w_read, w_write, reads, keep: bool) -> _Buffers:
+    """All steps, from the state as `_Sequence.forward` takes it (one write head's link,
+    precedence and write weighting without their head axis)."""
+    steps, batch = xpre.shape[:2]
+    buf = _buffers(cfg, steps, batch, xpre, keep)
+    with torch.no_grad():
+        for slot, value in zip((buf.cell, buf.mem, buf.usage, buf.link, buf.prec, buf.wr, buf.ww),
+                               (c0, memory, usage, link, precedence, w_read, w_write)):
+            slot[0].copy_(value)
+    library.call("torch_ntm_dnc_forward", xpre.dtype, cfg.call(steps, batch, keep),
+                 [*_data(xpre, wrh, wp, bp, h0, reads), *_data(*buf)])
+    return buf
+
+
+class _Sequence(torch.autograd.Function):
+    """The DNC's steps after the LSTM's input side, before the output layer: from ``xpre``
+    ``[T, B, 4C]`` (gates i, f, o, g, biases included), the recurrent weights ``wrh``
+    ``[4C, R W + C]`` of ``[reads, h]``, the interface layer (``wp``, ``bp``) and the initial
+    state, to ``(hs [T, B, C], reads [T, B, R, W], c, memory, usage, link, precedence, w_read,
+    w_write)`` after the last step."""
+
+    @staticmethod
+    def forward(ctx, cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence,
+                w_read, w_write, reads):
+        buf = _run_forward(cfg, xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence,
+                           w_read, w_write, reads, keep=True)
+        ctx.cfg = cfg
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(wrh, wp, *buf)
+        # For a second derivative (`first_order_only`): the same sequence in plain ops.
+        ctx.inputs = (xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence, w_read,
+                      w_write, reads)
+        ctx.leading, ctx.recompute = 1, functools.partial(_eager_sequence, cfg)
+        # hs and reads are returned as they are (saved, not views); the rest are copies
+        return (buf.hs, buf.reads, buf.cell[-1].clone(), buf.mem[-1].clone(),
+                buf.usage[-1].clone(), buf.link[-1].clone(), buf.prec[-1].clone(),
+                buf.wr[-1].clone(), buf.ww[-1].clone())
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dhs, dreads, dc, dmem, dusage, dlink, dprec, dwr, dww):
+        cfg = ctx.cfg
+        wrh, wp, *saved = ctx.saved_tensors
+        buf = _Buffers(*saved)
+        steps, batch = buf.hs.shape[:2]
+        grads = [
+            torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
+            torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
+            carried(dmem, buf.mem[0]), carried(dusage, buf.usage[0]),
+            carried(dlink, buf.link[0]), carried(dprec, buf.prec[0]), carried(dwr, buf.wr[0]),
+            carried(dww, buf.ww[0]), torch.zeros_like(buf.reads[0]),
+            torch.zeros_like(buf.hs[0]), carried(dc, buf.cell[0]),
+        ]
+        dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
+        draw = wp.new_empty(steps, batch, wp.shape[0])
+        library.call("torch_ntm_dnc_backward", wp.dtype, cfg.call(steps, batch, True),
+                     [*_data(wrh, wp, *buf), *_data(*grads, dgates, draw)])
+        dmem0, dusage0, dlink0, dprec0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
+        # Weight gradients: one matmul over all T B rows each.
+        dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
+        dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
+        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), dh0, dc0, dmem0, dusage0, dlink0,
+                dprec0, dwr0, dww0, dreads0)
+
+
+def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, link, precedence,
+                    w_read, w_write, reads) -> list:
+    """`_Sequence`'s function in plain ops on its own inputs: the LSTM from the permuted weights
+    (gates i, f, o, g), then the memory access of the model's specification
+    (`DNCLayout.access_step`). What a second derivative differentiates
+    (`torch_ntm.engines.first_order_only`)."""
+    c = cfg.controller
+    hs, all_reads = [], []
+    link, precedence, w_write = link.unsqueeze(1), precedence.unsqueeze(1), w_write.unsqueeze(1)
+    for t in range(xpre.shape[0]):
+        gates = xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t()
+        i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
+        cell = f * cell + i * torch.tanh(gates[:, 3 * c :])
+        h = o * torch.tanh(cell)
+        step = cfg.layout.access_step(torch.addmm(bp, h, wp.t()), memory, usage, link,
+                                      precedence, w_read, w_write)
+        memory, usage, link, precedence, w_read, w_write, reads = step[:7]
+        hs.append(h)
+        all_reads.append(reads)
+    return [torch.stack(hs), torch.stack(all_reads), cell, memory, usage, link[:, 0],
+            precedence[:, 0], w_read, w_write[:, 0]]
+
+
+def forward(model: DNC, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
+    """``model``'s sequence by the native engine.
+
+    Args:
+        model: the `torch_ntm.DNC` (only its public attributes are read), one the kernels serve
+            (`DNCCall.why_not`).
+        x: ``[T, B, input_size]``, time-major, already checked by `DNC.forward`.
+        state: the `torch_ntm.DNCState` to start from (checked).
+
+    Returns:
+        ``(logits [T, B, output_size], final state)``, differentiable to every parameter, to
+        ``x`` and to the state's tensors where gradients are enabled; without them, a forward
+        that keeps two slots of state instead of every step's.
+    """
+    if not _FREED:
+        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
+        if _FREED["asked"]:
+            library.keep_freed_memory()
+    cfg = _config(model)
+    cell = model.controller.cells[0]
+    order = lstm_gate_order(cfg.controller)
+    n = model.input_size
+    weight_ih = cell.weight_ih[order]
+    xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])  # [T, B, 4C]
+    wrh = torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)  # [4C, R W + C]
+    inputs = (xpre.contiguous(), wrh, model.head_params.weight.contiguous(),
+              model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
+              state.controller[1][0].contiguous(), state.memory.contiguous(),
+              state.usage.contiguous(), state.link[:, 0].contiguous(),
+              state.precedence[:, 0].contiguous(), state.read_weights.contiguous(),
+              state.write_weights[:, 0].contiguous(), state.reads.contiguous())
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        hs, reads, c, memory, usage, link, precedence, w_read, w_write = _Sequence.apply(
+            cfg, *inputs)
+    else:
+        buf = _run_forward(cfg, *inputs, keep=False)
+        last = x.shape[0] % 2  # two slots of state: the final one in slot T % 2
+        hs, reads, c = buf.hs, buf.reads, buf.cell[last]
+        memory, usage, link = buf.mem[last], buf.usage[last], buf.link[last]
+        precedence, w_read, w_write = buf.prec[last], buf.wr[last], buf.ww[last]
+    logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
+    final = type(state)((hs[-1].unsqueeze(0), c.unsqueeze(0)), memory, usage, link.unsqueeze(1),
+                        precedence.unsqueeze(1), w_read, w_write.unsqueeze(1),
+                        reads[-1])  # a DNCState (the engines import no model)
+    return logits, final
