@@ -51,12 +51,16 @@ struct State {
 template <typename F>
 struct View {
   Cfg c;
-  F *cell_, *mem_, *usage_, *link_, *prec_, *wr_, *ww_, *hs_, *reads_, *z_, *act_, *raw_;
+  F *cell_, *mem_, *usage_, *prec_, *wr_, *ww_, *hs_, *reads_, *z_, *act_, *raw_, *fwd_, *bwd_;
+  // The link matrices, the largest buffer, one block per slot ([B, N, N]): blocks of a few MB are
+  // reused from the heap between calls, where one block of all slots would be mapped afresh (and
+  // page-faulted) on every call.
+  std::vector<F*> link_;
 
   F* cell(int64_t s) const { return cell_ + s * c.B * c.C; }
   State<F> state(int64_t s, int64_t b) const {
     const int64_t N = c.N, k = s * c.B + b;
-    return {mem_ + k * N * c.W, usage_ + k * N, link_ + k * N * N, prec_ + k * N,
+    return {mem_ + k * N * c.W, usage_ + k * N, link_[s] + b * N * N, prec_ + k * N,
             wr_ + k * c.R * N, ww_ + k * N};
   }
   F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
@@ -64,6 +68,8 @@ struct View {
   F* z(int64_t st) const { return z_ + st * c.B * (c.RW() + c.C); }
   F* act(int64_t st) const { return act_ + st * c.B * c.G(); }
   F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
+  F* fwd(int64_t st, int64_t b) const { return fwd_ + (st * c.B + b) * c.R * c.N; }
+  F* bwd(int64_t st, int64_t b) const { return bwd_ + (st * c.B + b) * c.R * c.N; }
 };
 
 // What a step computes on the way, for one batch element: what its backward needs.
@@ -75,13 +81,12 @@ struct Scratch {
   std::vector<int64_t> order;     // [N] the free list: rows by ascending usage
   std::vector<F> before;  // [N] prod of the sorted usages before each place
   std::vector<F> alloc;   // [N] allocation weighting
-  std::vector<F> fwd, bwd;  // [R, N] forward and backward weightings
   std::vector<F> rcos, rc;  // [R, N] read content: cosines, weightings
   std::vector<F> rinv;      // [N] 1 / |M_t row|
 
   explicit Scratch(const Cfg& c)
       : act(c.P), psi(c.N), wcos(c.N), cw(c.N), winv(c.N), order(c.N), before(c.N),
-        alloc(c.N), fwd(c.R * c.N), bwd(c.R * c.N), rcos(c.R * c.N), rc(c.R * c.N),
+        alloc(c.N), rcos(c.R * c.N), rc(c.R * c.N),
         rinv(c.N) {}
 };
 
@@ -143,10 +148,10 @@ inline bool before(F a, int64_t i, F b, int64_t j) {
   return a < b || (a == b && i < j);
 }
 
-// One step from `prev` into `next`, reads [R, W] of the new memory; s: the intermediates.
+// The step's addressing up to the write weighting's parts: the activated interface, retention,
+// usage (into `usage`), the write content weighting on M_{t-1} and the allocation weighting.
 template <typename F>
-void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& next, F* reads,
-            Scratch<F>& s) {
+void address_write(const Cfg& c, const F* raw, const State<F>& prev, F* usage, Scratch<F>& s) {
   const int64_t N = c.N, W = c.W, R = c.R;
   F* a = s.act.data();
   activate(c, raw, a);
@@ -161,22 +166,42 @@ void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& ne
   }
   for (int64_t i = 0; i < N; ++i) {
     const F written = F(1) - (F(1) - prev.ww[i]);
-    next.usage[i] = (prev.usage[i] + written - prev.usage[i] * written) * s.psi[i];
+    usage[i] = (prev.usage[i] + written - prev.usage[i] * written) * s.psi[i];
   }
-  // Write content weighting on M_{t-1}; the allocation weighting from the free list.
   inverse_norms(prev.mem, N, W, s.winv.data());
   content(prev.mem, s.winv.data(), a + c.wkey, a[c.wstr], N, W, s.wcos.data(), s.cw.data());
-  const F* u = next.usage;
+  // The free list: a stable sort of the usage, ascending; then eq. (1).
   std::iota(s.order.begin(), s.order.end(), int64_t(0));
   std::stable_sort(s.order.begin(), s.order.end(),
-                   [u](int64_t i, int64_t j) { return before(u[i], i, u[j], j); });
+                   [usage](int64_t i, int64_t j) { return before(usage[i], i, usage[j], j); });
   F prod = 1;
   for (int64_t j = 0; j < N; ++j) {
     const int64_t i = s.order[j];
     s.before[j] = prod;
-    s.alloc[i] = (F(1) - u[i]) * prod;
-    prod *= u[i];
+    s.alloc[i] = (F(1) - usage[i]) * prod;
+    prod *= usage[i];
   }
+}
+
+// The read content weightings on M_t (`mem`).
+template <typename F>
+void address_read(const Cfg& c, const F* mem, Scratch<F>& s) {
+  const int64_t N = c.N, W = c.W;
+  inverse_norms(mem, N, W, s.rinv.data());
+  for (int64_t r = 0; r < c.R; ++r) {
+    content(mem, s.rinv.data(), s.act.data() + c.rkey + r * W, s.act[c.rstr + r], N, W,
+            s.rcos.data() + r * N, s.rc.data() + r * N);
+  }
+}
+
+// One step from `prev` into `next`, reads [R, W] of the new memory; s: the intermediates, fwd and
+// bwd [R, N] the directional weightings (kept for the backward).
+template <typename F>
+void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& next, F* reads,
+            F* fwd, F* bwd, Scratch<F>& s) {
+  const int64_t N = c.N, W = c.W, R = c.R;
+  address_write(c, raw, prev, next.usage, s);
+  const F* a = s.act.data();
   // Write weighting, erase and write.
   const F ga = a[c.agate], gw = a[c.wgate];
   F total = 0;
@@ -193,30 +218,33 @@ void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& ne
 #pragma omp simd
     for (int64_t j = 0; j < W; ++j) m[j] = mp[j] * (F(1) - wi * e[j]) + wi * v[j];
   }
-  // Link matrix and precedence.
+  // The link matrix a row at a time, and with each row (in L1) its part of the directional
+  // weightings of every read head: fwd[r, i] = L[i, :] . w_r, bwd[r, :] += w_r[i] L[i, :].
+  std::fill(bwd, bwd + R * N, F(0));
+  const F* ww = next.ww;
+  const F* pp = prev.prec;
   for (int64_t i = 0; i < N; ++i) {
-    const F wi = next.ww[i];
+    const F wi = ww[i];
     const F* lp = prev.link + i * N;
     F* l = next.link + i * N;
-    const F* ww = next.ww;
-    const F* pp = prev.prec;
 #pragma omp simd
     for (int64_t j = 0; j < N; ++j) l[j] = (F(1) - wi - ww[j]) * lp[j] + wi * pp[j];
     l[i] = 0;
+    for (int64_t r = 0; r < R; ++r) {
+      const F* w = prev.wr + r * N;
+      fwd[r * N + i] = dot(l, w, N);
+      const F wri = w[i];
+      F* b = bwd + r * N;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) b[j] += wri * l[j];
+    }
   }
-  for (int64_t i = 0; i < N; ++i) next.prec[i] = (F(1) - total) * prev.prec[i] + next.ww[i];
-  // Directional weightings, read content on M_t, read modes, reads.
-  inverse_norms(next.mem, N, W, s.rinv.data());
+  for (int64_t i = 0; i < N; ++i) next.prec[i] = (F(1) - total) * pp[i] + ww[i];
+  // Read content on M_t, read modes, reads.
+  address_read(c, next.mem, s);
   for (int64_t r = 0; r < R; ++r) {
-    const F* w = prev.wr + r * N;
-    F* f = s.fwd.data() + r * N;
-    for (int64_t i = 0; i < N; ++i) f[i] = dot(next.link + i * N, w, N);
-    combine_rows(next.link, w, N, N, s.bwd.data() + r * N, false);
-    F* rc = s.rc.data() + r * N;
-    content(next.mem, s.rinv.data(), a + c.rkey + r * W, a[c.rstr + r], N, W,
-            s.rcos.data() + r * N, rc);
     const F* m = a + c.modes + 3 * r;
-    const F* bk = s.bwd.data() + r * N;
+    const F *rc = s.rc.data() + r * N, *f = fwd + r * N, *bk = bwd + r * N;
     F* wr = next.wr + r * N;
 #pragma omp simd
     for (int64_t i = 0; i < N; ++i) wr[i] = m[1] * rc[i] + m[0] * bk[i] + m[2] * f[i];
@@ -272,15 +300,15 @@ struct BackScratch {
   std::vector<F> dact, dwr, dmem, dlink, dww, dalloc, dcw, du, dpsi, ddot, drc, dfwd, dbwd, dwrp,
       dpp;
   explicit BackScratch(const Cfg& c)
-      : dact(c.P), dwr(c.R * c.N), dmem(c.N * c.W), dlink(c.N * c.N), dww(c.N), dalloc(c.N),
-        dcw(c.N), du(c.N), dpsi(c.N), ddot(c.N), drc(c.N), dfwd(c.N), dbwd(c.N),
+      : dact(c.P), dwr(c.R * c.N), dmem(c.N * c.W), dlink(c.N), dww(c.N), dalloc(c.N),
+        dcw(c.N), du(c.N), dpsi(c.N), ddot(c.N), drc(c.N), dfwd(c.R * c.N), dbwd(c.R * c.N),
         dwrp(c.R * c.N), dpp(c.N) {}
 };
 
 template <typename F>
 void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& next,
-                     const Scratch<F>& s, const F* dreads, Grads<F>& g, BackScratch<F>& k,
-                     F* draw) {
+                     const Scratch<F>& s, const F* fwd, const F* bwd, const F* dreads,
+                     Grads<F>& g, BackScratch<F>& k, F* draw) {
   const int64_t N = c.N, W = c.W, R = c.R;
   const F* a = s.act.data();
   F* dact = k.dact.data();
@@ -300,46 +328,27 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
       for (int64_t j = 0; j < W; ++j) dm[j] += wi * dr[j];
     }
   }
-  // Read modes, read content, directional weightings. dlink collects the link's gradient,
-  // dwrp that of the previous read weightings.
-  std::copy(g.dlink, g.dlink + N * N, k.dlink.begin());
-  F* dlink = k.dlink.data();
-  F* dwrp = k.dwrp.data();
+  // Read modes and read content; dfwd, dbwd [R, N]: the directional weightings' gradients.
+  F* dfwd = k.dfwd.data();
+  F* dbwd = k.dbwd.data();
   for (int64_t r = 0; r < R; ++r) {
     const F* dw = k.dwr.data() + r * N;
     const F* m = a + c.modes + 3 * r;
-    const F* f = s.fwd.data() + r * N;
-    const F* bk = s.bwd.data() + r * N;
-    const F* rc = s.rc.data() + r * N;
+    const F *f = fwd + r * N, *bk = bwd + r * N, *rc = s.rc.data() + r * N;
     const F dm[3] = {dot(dw, bk, N), dot(dw, rc, N), dot(dw, f, N)};
     const F inner = m[0] * dm[0] + m[1] * dm[1] + m[2] * dm[2];
     for (int q = 0; q < 3; ++q) draw[c.modes + 3 * r + q] = m[q] * (dm[q] - inner);
-    // read content: d rc = m[1] dw
     F* drc = k.drc.data();
-    for (int64_t i = 0; i < N; ++i) drc[i] = m[1] * dw[i];
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) {
+      drc[i] = m[1] * dw[i];
+      dfwd[r * N + i] = m[2] * dw[i];
+      dbwd[r * N + i] = m[0] * dw[i];
+    }
     dact[c.rstr + r] = content_backward(next.mem, s.rinv.data(), a + c.rkey + r * W,
                                         a[c.rstr + r], N, W, s.rcos.data() + r * N, rc, drc,
                                         dmem, dact + c.rkey + r * W, k.ddot.data());
-    // fwd[i] = sum_j L[i, j] w[j] and bwd[i] = sum_j L[j, i] w[j] of w = wr_{t-1}[r]:
-    // dL[i, j] += dfwd[i] w[j] + w[i] dbwd[j]; dw[j] = sum_i L[i, j] dfwd[i] + L[j, :] . dbwd
-    const F* w = prev.wr + r * N;
-    F* dfwd = k.dfwd.data();
-    F* dbwd = k.dbwd.data();
-    for (int64_t i = 0; i < N; ++i) {
-      dfwd[i] = m[2] * dw[i];
-      dbwd[i] = m[0] * dw[i];
-    }
-    for (int64_t i = 0; i < N; ++i) {
-      const F dfi = dfwd[i], wi = w[i];
-      F* dl = dlink + i * N;
-#pragma omp simd
-      for (int64_t j = 0; j < N; ++j) dl[j] += dfi * w[j] + wi * dbwd[j];
-    }
-    F* dwp = dwrp + r * N;
-    combine_rows(next.link, dfwd, N, N, dwp, false);
-    for (int64_t j = 0; j < N; ++j) dwp[j] += dot(next.link + j * N, dbwd, N);
   }
-  for (int64_t i = 0; i < N; ++i) dlink[i * N + i] = 0;  // the diagonal is held at 0
   // Precedence: p = (1 - sum ww) p_{t-1} + ww.
   const F* ww = next.ww;
   const F* pp = prev.prec;
@@ -352,13 +361,35 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
     dww[i] = g.dww[i] + g.dprec[i] - dp_pp;
     dpp[i] = (F(1) - total) * g.dprec[i];
   }
-  // Link: L[i, j] = (1 - ww[i] - ww[j]) Lp[i, j] + ww[i] pp[j] off the diagonal.
+  // The link matrix a row at a time (each in L1). fwd[r, i] = L[i, :] . w_r and
+  // bwd[r, :] = sum_i w_r[i] L[i, :] (w_r = wr_{t-1}[r]) give the link's gradient
+  // dL[i, :] = carried + sum_r dfwd[r, i] w_r + w_r[i] dbwd[r, :] (0 on the diagonal) and the
+  // previous read weightings' dwrp[r, :] += dfwd[r, i] L[i, :], dwrp[r, i] += L[i, :] . dbwd[r];
+  // then L[i, j] = (1 - ww[i] - ww[j]) Lp[i, j] + ww[i] pp[j] backward.
+  F* dwrp = k.dwrp.data();
+  std::fill(k.dwrp.begin(), k.dwrp.end(), F(0));
+  F* dl = k.dlink.data();  // one row
   for (int64_t i = 0; i < N; ++i) {
-    const F* dl = dlink + i * N;
+    const F* l = next.link + i * N;
+    F* dlp = g.dlink + i * N;  // the carried link gradient, replaced by L_{t-1}'s
+    std::copy(dlp, dlp + N, dl);
+    for (int64_t r = 0; r < R; ++r) {
+      const F* w = prev.wr + r * N;
+      const F dfi = dfwd[r * N + i], wri = w[i];
+      const F* db = dbwd + r * N;
+      F* dwp = dwrp + r * N;
+#pragma omp simd
+      for (int64_t j = 0; j < N; ++j) {
+        dl[j] += dfi * w[j] + wri * db[j];
+        dwp[j] += dfi * l[j];
+      }
+      dwp[i] += dot(l, db, N);
+    }
+    dl[i] = 0;  // the diagonal is held at 0
     const F* lp = prev.link + i * N;
     const F wi = ww[i];
-    F* dlp = g.dlink + i * N;  // the carried link gradient, replaced by L_{t-1}'s
     F row = 0;
+#pragma omp simd reduction(+ : row)
     for (int64_t j = 0; j < N; ++j) {
       row += dl[j] * (pp[j] - lp[j]);
       dww[j] -= dl[j] * lp[j];
@@ -481,7 +512,8 @@ void forward(const View<F>& v, const Params<F>& p) {
                        t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp, p.bp,
                        v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
     for (int64_t b = 0; b < B; ++b) {
-      access(c, raw + b * c.P, v.state(s0, b), v.state(s1, b), v.reads(t) + b * RW, s);
+      access(c, raw + b * c.P, v.state(s0, b), v.state(s1, b), v.reads(t) + b * RW,
+             v.fwd(st, b), v.bwd(st, b), s);
     }
   }
 }
@@ -493,22 +525,22 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
   const int64_t B = c.B, C = c.C, RW = c.RW(), N = c.N, W = c.W, R = c.R;
   Scratch<F> s(c);
   BackScratch<F> k(c);
-  // The step's new state, recomputed into scratch with its intermediates.
-  std::vector<F> mem(N * W), usage(N), link(N * N), prec(N), wr(R * N), ww(N), reads(RW),
-      dr(RW);
-  const State<F> again{mem.data(), usage.data(), link.data(), prec.data(), wr.data(), ww.data()};
+  // The step's intermediates, recomputed from the state kept (the usage again into scratch).
+  std::vector<F> usage(N), dr(RW);
   std::vector<F> dhb(B * C), dz(B * (RW + C)), tc(C);
   for (int64_t t = c.T - 1; t >= 0; --t) {
     const F* raw = v.raw(t);
     F* drw = draw + t * B * c.P;
     for (int64_t b = 0; b < B; ++b) {
       const State<F> prev = v.state(t, b), next = v.state(t + 1, b);
-      access(c, raw + b * c.P, prev, again, reads.data(), s);
+      address_write(c, raw + b * c.P, prev, usage.data(), s);
+      address_read(c, next.mem, s);
       const F* dro = dreads_out + (t * B + b) * RW;
       for (int64_t e = 0; e < RW; ++e) dr[e] = dro[e] + dreads[b * RW + e];
       Grads<F> gb{g.dmem + b * N * W, g.dusage + b * N, g.dlink + b * N * N, g.dprec + b * N,
                   g.dwr + b * R * N, g.dww + b * N};
-      access_backward(c, raw + b * c.P, prev, next, s, dr.data(), gb, k, drw + b * c.P);
+      access_backward(c, raw + b * c.P, prev, next, s, v.fwd(t, b), v.bwd(t, b), dr.data(), gb,
+                      k, drw + b * c.P);
     }
     controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, p.wp, p.wrh, v.act(t), v.cell(t),
                         v.cell(t + 1), dh, dc, dreads, dgates + t * B * c.G(), dhb.data(),
@@ -553,31 +585,36 @@ Cfg config(const DNCCall& d) {
   return c;
 }
 
-// The buffers, in the order cell, mem, usage, link, prec, wr, ww, hs, reads, z, act, raw.
+// The buffers, in the order cell, mem, usage, prec, wr, ww, hs, reads, z, act, raw, fwd, bwd;
+// and, from `links`, one link block per slot.
+constexpr size_t kBuffers = 13;
+
 template <typename F>
-View<F> take_view(const Cfg& c, const uintptr_t* p) {
+View<F> take_view(const Cfg& c, const uintptr_t* p, const uintptr_t* links) {
   View<F> v{c};
-  F** fields[] = {&v.cell_, &v.mem_, &v.usage_, &v.link_, &v.prec_, &v.wr_,
-                  &v.ww_,   &v.hs_,  &v.reads_, &v.z_,    &v.act_,  &v.raw_};
-  for (size_t i = 0; i < 12; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
+  F** fields[kBuffers] = {&v.cell_, &v.mem_, &v.usage_, &v.prec_, &v.wr_,  &v.ww_, &v.hs_,
+                          &v.reads_, &v.z_,  &v.act_,   &v.raw_,  &v.fwd_, &v.bwd_};
+  for (size_t i = 0; i < kBuffers; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
+  const int64_t slots = c.keep_all ? c.T + 1 : 2;
+  for (int64_t i = 0; i < slots; ++i) v.link_.push_back(reinterpret_cast<F*>(links[i]));
   return v;
 }
 
 template <typename F>
 const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
 
-// pointers: xpre, wrh, wp, bp, h0, reads0, then the buffers (take_view).
+// pointers: xpre, wrh, wp, bp, h0, reads0, then the buffers and the link blocks (take_view).
 template <typename F>
 void run_forward(const DNCCall* d, const uintptr_t* p) {
   const Cfg c = config(*d);
   const Params<F> params{arg<F>(p, 0), arg<F>(p, 1), arg<F>(p, 2), arg<F>(p, 3), arg<F>(p, 4),
                          arg<F>(p, 5)};
-  forward<F>(take_view<F>(c, p + 6), params);
+  forward<F>(take_view<F>(c, p + 6, p + 6 + kBuffers), params);
 }
 
 // pointers: wrh, wp, the buffers (take_view), dhs, dreads_out, the carried dmem, dusage, dlink,
-// dprec, dwr, dww, dreads, dh, dc (each replaced by the initial state's), and the outputs dgates,
-// draw.
+// dprec, dwr, dww, dreads, dh, dc (each replaced by the initial state's), the outputs dgates,
+// draw, and the link blocks.
 template <typename F>
 void run_backward(const DNCCall* d, const uintptr_t* p) {
   const Cfg c = config(*d);
@@ -585,8 +622,8 @@ void run_backward(const DNCCall* d, const uintptr_t* p) {
   Params<F> params{};
   params.wrh = arg<F>(p, 0);
   params.wp = arg<F>(p, 1);
-  const View<F> v = take_view<F>(c, p + 2);
-  const uintptr_t* q = p + 14;
+  const uintptr_t* q = p + 2 + kBuffers;
+  const View<F> v = take_view<F>(c, p + 2, q + 13);
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(q[i]); };
   Grads<F> g{ptr(2), ptr(3), ptr(4), ptr(5), ptr(6), ptr(7)};
   backward<F>(v, params, ptr(0), ptr(1), g, ptr(8), ptr(9), ptr(10), ptr(11), ptr(12));

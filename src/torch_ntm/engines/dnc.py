@@ -85,7 +85,6 @@ class _Buffers(NamedTuple):
     cell: Tensor  # [S, B, C] the LSTM's cells
     mem: Tensor  # [S, B, N, W]
     usage: Tensor  # [S, B, N]
-    link: Tensor  # [S, B, N, N]
     prec: Tensor  # [S, B, N]
     wr: Tensor  # [S, B, R, N]
     ww: Tensor  # [S, B, N]
@@ -94,6 +93,15 @@ class _Buffers(NamedTuple):
     z: Tensor  # [K, B, R W + C] the recurrent matmul's input [reads, h] of the step before
     act: Tensor  # [K, B, 4C] the LSTM's activated gates (i, f, o, g)
     raw: Tensor  # [K, B, P] the interface layer's outputs
+    fwd: Tensor  # [K, B, R, N] the forward weightings
+    bwd: Tensor  # [K, B, R, N] the backward weightings
+    # The link matrices, [B, N, N] per slot: the largest buffer, a block per slot so that the
+    # blocks are reused from the heap between calls (`library.keep_freed_memory`) where one of
+    # all slots (44 MB at N = 128, T = 41, B = 16) would be mapped and page-faulted every call.
+    link: tuple
+
+    def tensors(self) -> list[Tensor]:
+        return [*self[:-1], *self.link]
 
 
 class _Config(NamedTuple):
@@ -125,11 +133,12 @@ def _config(model: DNC) -> _Config:
 def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> _Buffers:
     r, w, n, c = cfg.read_heads, cfg.width, cfg.rows, cfg.controller
     slots, kept = (steps + 1, steps) if keep else (2, 1)
-    shapes = [(slots, batch, c), (slots, batch, n, w), (slots, batch, n), (slots, batch, n, n),
-              (slots, batch, n), (slots, batch, r, n), (slots, batch, n), (steps, batch, c),
-              (steps, batch, r, w), (kept, batch, r * w + c), (kept, batch, 4 * c),
-              (kept, batch, cfg.fields)]
-    return _Buffers(*(like.new_empty(shape) for shape in shapes))
+    shapes = [(slots, batch, c), (slots, batch, n, w), (slots, batch, n), (slots, batch, n),
+              (slots, batch, r, n), (slots, batch, n), (steps, batch, c), (steps, batch, r, w),
+              (kept, batch, r * w + c), (kept, batch, 4 * c), (kept, batch, cfg.fields),
+              (kept, batch, r, n), (kept, batch, r, n)]
+    return _Buffers(*(like.new_empty(shape) for shape in shapes),
+                    tuple(like.new_empty(batch, n, n) for _ in range(slots)))
 
 
 def _data(*tensors: Tensor) -> list[int]:
@@ -150,7 +159,7 @@ def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, link, p
                                (c0, memory, usage, link, precedence, w_read, w_write)):
             slot[0].copy_(value)
     library.call("torch_ntm_dnc_forward", xpre.dtype, cfg.call(steps, batch, keep),
-                 [*_data(xpre, wrh, wp, bp, h0, reads), *_data(*buf)])
+                 [*_data(xpre, wrh, wp, bp, h0, reads), *_data(*buf.tensors())])
     return buf
 
 
@@ -168,7 +177,7 @@ class _Sequence(torch.autograd.Function):
                            w_read, w_write, reads, keep=True)
         ctx.cfg = cfg
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(wrh, wp, *buf)
+        ctx.save_for_backward(wrh, wp, *buf.tensors())
         # For a second derivative (`first_order_only`): the same sequence in plain ops.
         ctx.inputs = (xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence, w_read,
                       w_write, reads)
@@ -183,7 +192,8 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, dhs, dreads, dc, dmem, dusage, dlink, dprec, dwr, dww):
         cfg = ctx.cfg
         wrh, wp, *saved = ctx.saved_tensors
-        buf = _Buffers(*saved)
+        fixed = len(_Buffers._fields) - 1
+        buf = _Buffers(*saved[:fixed], tuple(saved[fixed:]))
         steps, batch = buf.hs.shape[:2]
         grads = [
             torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
@@ -196,7 +206,8 @@ class _Sequence(torch.autograd.Function):
         dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
         draw = wp.new_empty(steps, batch, wp.shape[0])
         library.call("torch_ntm_dnc_backward", wp.dtype, cfg.call(steps, batch, True),
-                     [*_data(wrh, wp, *buf), *_data(*grads, dgates, draw)])
+                     [*_data(wrh, wp, *buf[:-1]), *_data(*grads, dgates, draw),
+                      *_data(*buf.link)])
         dmem0, dusage0, dlink0, dprec0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
