@@ -184,17 +184,22 @@ def test_keep_freed_memory_serves_large_blocks_from_the_heap(monkeypatch):
 
 @pytest.mark.parametrize("env,calls", [(None, 1), ("1", 1), ("0", 0)])
 def test_first_native_call_keeps_freed_memory_unless_told_not_to(monkeypatch, env, calls):
-    # A library user's own loop gets the reuse of freed buffers that `ntm` commands set up.
+    # A library user's own loop gets the reuse of freed buffers that `ntm` commands set up: once
+    # per process, whichever model's native engine runs first.
+    from torch_ntm import DNC, MANN
+
     seen = []
-    monkeypatch.setattr(native, "keep_freed_memory", lambda: seen.append(1) or True)
-    monkeypatch.setattr(native, "_FREED", {})
+    monkeypatch.setattr(library, "keep_freed_memory", lambda: seen.append(1) or True)
+    monkeypatch.setattr(library, "_FREED", {})
     if env is None:
         monkeypatch.delenv("TORCH_NTM_KEEP_FREED_MEMORY", raising=False)
     else:
         monkeypatch.setenv("TORCH_NTM_KEEP_FREED_MEMORY", env)
-    model = NTM(3, 2, controller_size=4, memory_size=5, memory_width=2, engine="native")
-    for _ in range(3):
-        model(torch.randn(2, 1, 3))
+    small = {"controller_size": 4, "memory_size": 5, "memory_width": 2, "engine": "native"}
+    for model in (NTM(3, 2, **small), MANN(3, 2, **small), DNC(3, 2, **small)):
+        assert model.runs_on(torch.randn(2, 1, 3)) == "native"
+        for _ in range(2):
+            model(torch.randn(2, 1, 3))
     assert len(seen) == calls
 
 

@@ -28,12 +28,13 @@ import functools
 import logging
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 from torch_ntm.engines import library
 
 __all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
-           "first_order_only", "lstm_gate_order", "prepare", "say_once"]
+           "first_order_only", "lstm_gate_order", "lstm_input_side", "prepare", "say_once"]
 
 ENGINES = ("auto", "native", "graphs", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
@@ -196,3 +197,16 @@ def lstm_gate_order(hidden: int) -> Tensor:
     tensor per size, shared (not to be written)."""
     c = hidden
     return torch.cat([torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)])
+
+
+def lstm_input_side(model: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """For a model whose one-layer LSTM controller reads ``[x_t, reads_{t-1}]`` (the MANN's and
+    the DNC's): the input side of every step in one matmul, ``xpre [T, B, 4C]`` (biases
+    included), and the weights of the rest, ``[4C, R W + C]`` over ``[reads, h]``, both with the
+    gates in the kernels' order (`lstm_gate_order`), under autograd."""
+    cell = model.controller.cells[0]
+    order = lstm_gate_order(model.controller_size)
+    n = model.input_size
+    weight_ih = cell.weight_ih[order]
+    xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])
+    return xpre.contiguous(), torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)

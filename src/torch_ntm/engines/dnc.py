@@ -22,22 +22,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.engines import carried, first_order_only, library, lstm_gate_order
+from torch_ntm.engines import carried, first_order_only, library, lstm_input_side
 from torch_ntm.layout import DNCLayout
 
 if TYPE_CHECKING:
     from torch_ntm.dnc import DNC, DNCState
 
 __all__ = ["DESCRIPTIONS", "DNCCall", "forward"]
-
-_FREED: dict = {}  # "asked": the first call has called `library.keep_freed_memory`
 
 # The interface fields' names in `torch_ntm.layout.DNC_FIELDS` order: `DNCCall` has where each
 # starts.
@@ -141,13 +137,6 @@ def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> 
                     tuple(like.new_empty(batch, n, n) for _ in range(slots)))
 
 
-def _data(*tensors: Tensor) -> list[int]:
-    """The data addresses of contiguous tensors of one dtype."""
-    for t in tensors:
-        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
-    return [t.data_ptr() for t in tensors]
-
-
 def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence,
                  w_read, w_write, reads, keep: bool) -> _Buffers:
     """All steps, from the state as `_Sequence.forward` takes it (one write head's link,
@@ -159,7 +148,7 @@ def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, link, p
                                (c0, memory, usage, link, precedence, w_read, w_write)):
             slot[0].copy_(value)
     library.call("torch_ntm_dnc_forward", xpre.dtype, cfg.call(steps, batch, keep),
-                 [*_data(xpre, wrh, wp, bp, h0, reads), *_data(*buf.tensors())])
+                 [*library.data(xpre, wrh, wp, bp, h0, reads), *library.data(*buf.tensors())])
     return buf
 
 
@@ -206,8 +195,8 @@ class _Sequence(torch.autograd.Function):
         dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
         draw = wp.new_empty(steps, batch, wp.shape[0])
         library.call("torch_ntm_dnc_backward", wp.dtype, cfg.call(steps, batch, True),
-                     [*_data(wrh, wp, *buf[:-1]), *_data(*grads, dgates, draw),
-                      *_data(*buf.link)])
+                     [*library.data(wrh, wp, *buf[:-1]), *library.data(*grads, dgates, draw),
+                      *library.data(*buf.link)])
         dmem0, dusage0, dlink0, dprec0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
@@ -253,18 +242,10 @@ def forward(model: DNC, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
         ``x`` and to the state's tensors where gradients are enabled; without them, a forward
         that keeps two slots of state instead of every step's.
     """
-    if not _FREED:
-        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
-        if _FREED["asked"]:
-            library.keep_freed_memory()
+    library.keep_freed_memory_once()
     cfg = _config(model)
-    cell = model.controller.cells[0]
-    order = lstm_gate_order(cfg.controller)
-    n = model.input_size
-    weight_ih = cell.weight_ih[order]
-    xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])  # [T, B, 4C]
-    wrh = torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)  # [4C, R W + C]
-    inputs = (xpre.contiguous(), wrh, model.head_params.weight.contiguous(),
+    xpre, wrh = lstm_input_side(model, x)
+    inputs = (xpre, wrh, model.head_params.weight.contiguous(),
               model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
               state.controller[1][0].contiguous(), state.memory.contiguous(),
               state.usage.contiguous(), state.link[:, 0].contiguous(),

@@ -28,8 +28,8 @@ from pathlib import Path
 
 import torch
 
-__all__ = ["DTYPES", "Description", "available", "call", "error", "header", "keep_freed_memory",
-           "library", "prepare"]
+__all__ = ["DTYPES", "Description", "available", "call", "data", "error", "header",
+           "keep_freed_memory", "keep_freed_memory_once", "library", "prepare"]
 
 _log = logging.getLogger("torch_ntm.engines")
 
@@ -135,6 +135,25 @@ def keep_freed_memory(mmap_threshold: int = 32 << 20, trim_threshold: int = 1 <<
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
     return bool(mallopt(_M_MMAP_THRESHOLD, mmap_threshold)) and bool(
         mallopt(_M_TRIM_THRESHOLD, trim_threshold))
+
+
+_FREED: dict = {}  # "asked": `keep_freed_memory_once` has run (and called it, or was told not to)
+
+
+def keep_freed_memory_once() -> None:
+    """`keep_freed_memory`, the first time a native engine runs in a process, unless
+    ``TORCH_NTM_KEEP_FREED_MEMORY=0`` is in the environment."""
+    if not _FREED:
+        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
+        if _FREED["asked"]:
+            keep_freed_memory()
+
+
+def data(*tensors: torch.Tensor) -> list[int]:
+    """The data addresses of contiguous tensors of one dtype, as a kernel takes its buffers."""
+    for t in tensors:
+        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
+    return [t.data_ptr() for t in tensors]
 
 
 def _flags() -> list[str]:

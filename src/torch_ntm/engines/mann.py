@@ -19,22 +19,18 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
-from torch_ntm.engines import carried, first_order_only, library, lstm_gate_order
+from torch_ntm.engines import carried, first_order_only, library, lstm_input_side
 from torch_ntm.layout import LRUALayout
 
 if TYPE_CHECKING:
     from torch_ntm.mann import MANN, MANNState
 
 __all__ = ["DESCRIPTIONS", "MANNCall", "forward"]
-
-_FREED: dict = {}  # "asked": the first call has called `library.keep_freed_memory`
 
 
 class MANNCall(library.Description):
@@ -118,13 +114,6 @@ def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> 
     return _Buffers(*(like.new_empty(shape) for shape in shapes))
 
 
-def _data(*tensors: Tensor) -> list[int]:
-    """The data addresses of contiguous tensors of one dtype."""
-    for t in tensors:
-        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
-    return [t.data_ptr() for t in tensors]
-
-
 def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
                  reads, keep: bool) -> _Buffers:
     """All steps, from the state as `_Sequence.forward` takes it (memory ``[B, N, M]``)."""
@@ -141,7 +130,7 @@ def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read,
         buf.wr[0].copy_(w_read)
         buf.lu[0].copy_(least_used)
     library.call("torch_ntm_mann_forward", xpre.dtype, cfg.call(steps, batch, keep),
-                 [*_data(xpre, wrh, wp, bp, h0, reads, work), *_data(*buf)])
+                 [*library.data(xpre, wrh, wp, bp, h0, reads, work), *library.data(*buf)])
     return buf
 
 
@@ -188,7 +177,7 @@ class _Sequence(torch.autograd.Function):
         dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
         draw = wp.new_empty(steps, batch, wp.shape[0])
         library.call("torch_ntm_mann_backward", wp.dtype, cfg.call(steps, batch, True),
-                     [*_data(wrh, wp, *buf), *_data(*grads, dgates, draw)])
+                     [*library.data(wrh, wp, *buf), *library.data(*grads, dgates, draw)])
         dmem0, dusage0, dwr0, dreads0, dh0, dc0, dlu0 = grads[2:]
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
@@ -230,18 +219,10 @@ def forward(model: MANN, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState
         ``x`` and to the state's tensors where gradients are enabled; without them, a forward
         that keeps two slots of state instead of every step's.
     """
-    if not _FREED:
-        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
-        if _FREED["asked"]:
-            library.keep_freed_memory()
+    library.keep_freed_memory_once()
     cfg = _config(model)
-    cell = model.controller.cells[0]
-    order = lstm_gate_order(cfg.controller)
-    n = model.input_size
-    weight_ih = cell.weight_ih[order]
-    xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])  # [T, B, 4C]
-    wrh = torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)  # [4C, H M + C]
-    inputs = (xpre.contiguous(), wrh, model.head_params.weight.contiguous(),
+    xpre, wrh = lstm_input_side(model, x)
+    inputs = (xpre, wrh, model.head_params.weight.contiguous(),
               model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
               state.controller[1][0].contiguous(), state.memory.contiguous(),
               state.usage.contiguous(), state.read_weights.contiguous(),

@@ -24,7 +24,6 @@ from __future__ import annotations
 import ctypes
 import functools
 import math
-import os
 from typing import TYPE_CHECKING, NamedTuple
 
 import torch
@@ -32,7 +31,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from torch_ntm.engines import carried, first_order_only, lstm_gate_order
-from torch_ntm.engines.library import Description, call, keep_freed_memory
+from torch_ntm.engines.library import Description, call, data, keep_freed_memory_once
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout, NTMState
 
 if TYPE_CHECKING:
@@ -277,13 +276,6 @@ def _unsaved(tensors: list[Tensor], layers: int, stacked: tuple[bool, bool]) -> 
     return _Buffers(*tensors[:_SINGLE], *blocks, tuple(rest[:layers]), tuple(rest[layers:]))
 
 
-def _data(*tensors: Tensor) -> list[int]:
-    """The data addresses of contiguous tensors of one dtype."""
-    for t in tensors:
-        assert t.is_contiguous() and t.dtype == tensors[0].dtype, (t.shape, t.dtype)
-    return [t.data_ptr() for t in tensors]
-
-
 def _pointers(buf: _Buffers) -> list[int]:
     """The addresses of the buffers in the order csrc/ntm.h's `take_view` reads them."""
 
@@ -291,10 +283,10 @@ def _pointers(buf: _Buffers) -> list[int]:
         if isinstance(b, Tensor):
             size = b.stride(0) * b.element_size()
             return range(b.data_ptr(), b.data_ptr() + size * b.shape[0], size)
-        return _data(*b)
+        return data(*b)
 
-    return [*_data(*buf[:_SINGLE]), *blocks(buf.mem), *blocks(buf.addr),
-            *_data(*buf.z, *buf.act)]
+    return [*data(*buf[:_SINGLE]), *blocks(buf.mem), *blocks(buf.addr),
+            *data(*buf.z, *buf.act)]
 
 
 def _description(cfg: _Config, tiny: float, buf: _Buffers, keep: bool) -> NTMCall:
@@ -321,7 +313,7 @@ def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_wri
         buf.wr[0].copy_(w_read)
         buf.ww[0].copy_(w_write)
     call("torch_ntm_forward", xpre.dtype, _description(cfg, tiny, buf, keep),
-         [*_data(xpre, wp, bp, reads, *weights, *biases), *_pointers(buf)])
+         [*data(xpre, wp, bp, reads, *weights, *biases), *_pointers(buf)])
     return buf
 
 
@@ -373,7 +365,7 @@ class _NativeSequence(torch.autograd.Function):
         dpres = [wp.new_empty(steps, batch, w.shape[0]) for w in weights]
         draw = wp.new_empty(steps, batch, wp.shape[0])
         call("torch_ntm_backward", wp.dtype, _description(cfg, ctx.tiny, buf, True),
-             [*_data(wp, *weights), *_pointers(buf), *_data(*grads, *dpres, draw)])
+             [*data(wp, *weights), *_pointers(buf), *data(*grads, *dpres, draw)])
         dmem0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
         # Weight gradients: one matmul over all T*B rows each.
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
@@ -457,18 +449,12 @@ def _sequence(cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write, 
     return (buf.hs, buf.reads, buf.mem[last], buf.wr[last], buf.ww[last], *controller)
 
 
-_FREED: dict = {}  # "asked": the first call has called `keep_freed_memory` (or was told not to)
-
-
 def forward(model: NTM, x: Tensor, state: NTMState) -> tuple[Tensor, NTMState]:
     """``model(x, state)`` by the native engine, time-major: ``x [T, B, input_size]`` (checked
     by the model) -> ``(logits [T, B, output_size], final state)``. Inputs are made contiguous
     here, once, as the library reads them by address. The first call in a process also calls
     `keep_freed_memory` unless ``TORCH_NTM_KEEP_FREED_MEMORY=0``."""
-    if not _FREED:
-        _FREED["asked"] = os.environ.get("TORCH_NTM_KEEP_FREED_MEMORY", "1") != "0"
-        if _FREED["asked"]:
-            keep_freed_memory()
+    keep_freed_memory_once()
     plan = _plan(model, x.device)
     cfg = plan.cfg
     xpre, weights, biases, wp, bp = _parameters(plan, model, x)
