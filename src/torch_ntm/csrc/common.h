@@ -123,10 +123,13 @@ void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool ac
     y2.store(y + i + 2 * W);
     y3.store(y + i + 3 * W);
   }
-  for (; i < n; ++i) {
-    F acc = accumulate ? y[i] : F(0);
-    for (int64_t j = 0; j < rows; ++j) acc += x[j] * a[j * n + i];
-    y[i] = acc;
+  // The columns left, a vector (the last one partial) at a time: a scalar loop here would read
+  // each column with a stride of n (all of it, where n < 4 vectors: a DNC's 32-wide rows).
+  for (; i < n; i += W) {
+    const int64_t m = std::min<int64_t>(W, n - i);
+    V acc = accumulate ? load_n(y + i, m) : V(F(0));
+    for (int64_t j = 0; j < rows; ++j) acc = fmadd(V(x[j]), load_n(a + j * n + i, m), acc);
+    store_n(acc, y + i, m);
   }
 }
 

@@ -90,6 +90,26 @@ struct Scratch {
         rinv(c.N) {}
 };
 
+// a . b for the DNC's short rows (N and W are tens): vector accumulators summed by a tree at the
+// end, where common.h's `dot` sums its lanes one by one, which costs more than its products at
+// these lengths (the profile's hottest line, in the link pass).
+template <typename F>
+inline F short_dot(const F* a, const F* b, int64_t n) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  V s0(F(0)), s1(F(0));
+  int64_t i = 0;
+  for (; i + 2 * W <= n; i += 2 * W) {
+    s0 = fmadd(V::loadu(a + i), V::loadu(b + i), s0);
+    s1 = fmadd(V::loadu(a + i + W), V::loadu(b + i + W), s1);
+  }
+  for (; i < n; i += W) {
+    const int64_t m = std::min<int64_t>(W, n - i);
+    s0 = fmadd(load_n(a + i, m), load_n(b + i, m), s0);
+  }
+  return (s0 + s1).reduce_add();
+}
+
 // ------------------------------------------------------------------------------------------------
 // Forward of one batch element's memory access.
 // ------------------------------------------------------------------------------------------------
@@ -118,7 +138,7 @@ void activate(const Cfg& c, const F* raw, F* act) {
 // 1 / sqrt(|row|^2 + EPS) for each of the N rows of mem [N, W].
 template <typename F>
 void inverse_norms(const F* mem, int64_t N, int64_t W, F* inv) {
-  for (int64_t i = 0; i < N; ++i) inv[i] = F(1) / std::sqrt(dot(mem + i * W, mem + i * W, W) + F(kEps));
+  for (int64_t i = 0; i < N; ++i) inv[i] = F(1) / std::sqrt(short_dot(mem + i * W, mem + i * W, W) + F(kEps));
 }
 
 // functional.content_weights for one key: cos [N] the cosine similarities, w [N] the softmax of
@@ -126,9 +146,9 @@ void inverse_norms(const F* mem, int64_t N, int64_t W, F* inv) {
 template <typename F>
 void content(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_t W, F* cos,
              F* w) {
-  const F ik = F(1) / std::sqrt(dot(key, key, W) + F(kEps));
+  const F ik = F(1) / std::sqrt(short_dot(key, key, W) + F(kEps));
   for (int64_t i = 0; i < N; ++i) {
-    cos[i] = dot(key, mem + i * W, W) * ik * inv[i];
+    cos[i] = short_dot(key, mem + i * W, W) * ik * inv[i];
     w[i] = beta * cos[i];
   }
   const F mx = max_of(w, N, -std::numeric_limits<F>::infinity());
@@ -232,7 +252,7 @@ void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& ne
     l[i] = 0;
     for (int64_t r = 0; r < R; ++r) {
       const F* w = prev.wr + r * N;
-      fwd[r * N + i] = dot(l, w, N);
+      fwd[r * N + i] = short_dot(l, w, N);
       const F wri = w[i];
       F* b = bwd + r * N;
 #pragma omp simd
@@ -261,8 +281,8 @@ void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& ne
 template <typename F>
 F content_backward(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_t W,
                    const F* cos, const F* w, const F* dw, F* dmem, F* dkey, F* ddot) {
-  const F inner = dot(w, dw, N);
-  const F kq = dot(key, key, W) + F(kEps);
+  const F inner = short_dot(w, dw, N);
+  const F kq = short_dot(key, key, W) + F(kEps);
   const F ik = F(1) / std::sqrt(kq);
   F dbeta = 0, tk = 0;
   for (int64_t i = 0; i < N; ++i) {
@@ -321,7 +341,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
     const F* wr = next.wr + r * N;
     F* dw = k.dwr.data() + r * N;
     for (int64_t i = 0; i < N; ++i) {
-      dw[i] = g.dwr[r * N + i] + dot(next.mem + i * W, dr, W);
+      dw[i] = g.dwr[r * N + i] + short_dot(next.mem + i * W, dr, W);
       const F wi = wr[i];
       F* dm = dmem + i * W;
 #pragma omp simd
@@ -335,7 +355,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
     const F* dw = k.dwr.data() + r * N;
     const F* m = a + c.modes + 3 * r;
     const F *f = fwd + r * N, *bk = bwd + r * N, *rc = s.rc.data() + r * N;
-    const F dm[3] = {dot(dw, bk, N), dot(dw, rc, N), dot(dw, f, N)};
+    const F dm[3] = {short_dot(dw, bk, N), short_dot(dw, rc, N), short_dot(dw, f, N)};
     const F inner = m[0] * dm[0] + m[1] * dm[1] + m[2] * dm[2];
     for (int q = 0; q < 3; ++q) draw[c.modes + 3 * r + q] = m[q] * (dm[q] - inner);
     F* drc = k.drc.data();
@@ -354,7 +374,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
   const F* pp = prev.prec;
   F total = 0;
   for (int64_t i = 0; i < N; ++i) total += ww[i];
-  const F dp_pp = dot(g.dprec, pp, N);
+  const F dp_pp = short_dot(g.dprec, pp, N);
   F* dww = k.dww.data();
   F* dpp = k.dpp.data();
   for (int64_t i = 0; i < N; ++i) {
@@ -383,7 +403,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
         dl[j] += dfi * w[j] + wri * db[j];
         dwp[j] += dfi * l[j];
       }
-      dwp[i] += dot(l, db, N);
+      dwp[i] += short_dot(l, db, N);
     }
     dl[i] = 0;  // the diagonal is held at 0
     const F* lp = prev.link + i * N;
