@@ -255,3 +255,14 @@ def test_shipped_associative_recall_generalises_as_documented(shipped):
     model, task = shipped("associative_recall")
     rows = evaluate_sizes(model, task, [12, 20], num_sequences=1000)
     assert [row["perfect"] for row in rows] == pytest.approx([0.996, 0.993], abs=0.01)
+
+
+def test_shipped_dnc_copy_generalises_as_documented():
+    # docs/results/dnc.md: `ntm evaluate --pretrained dnc_copy --lengths 20,40,80,120
+    # --sequences 1000`: every sequence perfect at each length (trained on L <= 20), with the
+    # run's 256 evaluation rows. A few sequences of slack for float rounding on another machine.
+    ckpt = load_checkpoint(pretrained.path("dnc_copy"))
+    model, task = ckpt.model(evaluation=True).eval(), ckpt.task()
+    assert type(model).__name__ == "DNC" and model.memory_size == 256
+    rows = evaluate_sizes(model, task, [40, 120], num_sequences=1000)
+    assert [row["perfect"] for row in rows] == pytest.approx([1.0, 1.0], abs=0.005)

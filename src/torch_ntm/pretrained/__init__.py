@@ -74,9 +74,9 @@ def info(name: str, *, root: str | os.PathLike | None = None) -> dict:
     """What model ``name`` is and how well it did when exported.
 
     Returns:
-        ``name``, ``task``, ``task_params``, ``preset``, ``model`` (``"ntm"``, ``"lstm"`` or
-        ``"mann"``), ``step``, ``sequences`` (trained on), ``elapsed_s`` (training time) and
-        ``metrics`` (the last validation: ``cost_bits``, ``bit_errors`` per sequence,
+        ``name``, ``task``, ``task_params``, ``preset``, ``model`` (``"ntm"``, ``"lstm"``,
+        ``"mann"`` or ``"dnc"``), ``step``, ``sequences`` (trained on), ``elapsed_s`` (training
+        time) and ``metrics`` (the last validation: ``cost_bits``, ``bit_errors`` per sequence,
         ``perfect``, ...; for Omniglot wrong labels per episode in ``bit_errors``, and
         ``accuracy_1``, ``accuracy_2``, ..., the accuracy at the k-th instance of a class).
     """
