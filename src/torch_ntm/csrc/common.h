@@ -87,6 +87,19 @@ inline void store_n(const Vec<F>& v, F* p, int64_t n) {
   }
 }
 
+// Whether (a, i) comes before (b, j) in torch's stable ascending sort (NaN after every number):
+// the order in which the MANN picks its least-used rows and the DNC its free list.
+template <typename F>
+inline bool before(F a, int64_t i, F b, int64_t j) {
+  if (std::isnan(a)) return std::isnan(b) && i < j;
+  if (std::isnan(b)) return true;
+  return a < b || (a == b && i < j);
+}
+
+// Argument i of a kernel's pointer array, as a read-only F array.
+template <typename F>
+const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
+
 template <typename F>
 inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }
 

@@ -160,14 +160,6 @@ void content(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_
   for (int64_t i = 0; i < N; ++i) w[i] *= total;
 }
 
-// Whether (a, i) comes before (b, j) in torch's stable ascending sort (NaN after every number).
-template <typename F>
-inline bool before(F a, int64_t i, F b, int64_t j) {
-  if (std::isnan(a)) return std::isnan(b) && i < j;
-  if (std::isnan(b)) return true;
-  return a < b || (a == b && i < j);
-}
-
 // The step's addressing up to the write weighting's parts: the activated interface, retention,
 // usage (into `usage`), the write content weighting on M_{t-1} and the allocation weighting.
 template <typename F>
@@ -619,9 +611,6 @@ View<F> take_view(const Cfg& c, const uintptr_t* p, const uintptr_t* links) {
   for (int64_t i = 0; i < slots; ++i) v.link_.push_back(reinterpret_cast<F*>(links[i]));
   return v;
 }
-
-template <typename F>
-const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
 
 // pointers: xpre, wrh, wp, bp, h0, reads0, then the buffers and the link blocks (take_view).
 template <typename F>

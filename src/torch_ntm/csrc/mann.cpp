@@ -80,14 +80,6 @@ inline F beta_of(const Cfg& c, const F* act, int64_t k) {
   return c.o_beta >= 0 ? act[c.beta(k)] : F(1);
 }
 
-// Whether (a, i) comes before (b, j) in torch's stable ascending sort (NaN after every number).
-template <typename F>
-inline bool before(F a, int64_t i, F b, int64_t j) {
-  if (std::isnan(a)) return std::isnan(b) && i < j;
-  if (std::isnan(b)) return true;
-  return a < b || (a == b && i < j);
-}
-
 // functional.least_used: lu [N] 1 at the first H rows of the stable sort of usage, else 0. One
 // scan keeps the H first rows so far in order (best[0..H)); a later row enters only if it comes
 // strictly before the last of them (on a tie the earlier row stays ahead), which a vector compare
@@ -644,9 +636,6 @@ View<F> take_view(const Cfg& c, const uintptr_t* p) {
   for (size_t i = 0; i < 12; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
   return v;
 }
-
-template <typename F>
-const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
 
 // pointers: xpre, wrh, wp, bp, h0, reads0, work (unused without keep_all), then the buffers
 // (take_view).

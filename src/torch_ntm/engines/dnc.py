@@ -28,17 +28,16 @@ import torch
 from torch import Tensor
 
 from torch_ntm.engines import carried, first_order_only, library, lstm_input_side
-from torch_ntm.layout import DNCLayout
+from torch_ntm.layout import DNC_FIELDS, DNCLayout
 
 if TYPE_CHECKING:
     from torch_ntm.dnc import DNC, DNCState
 
 __all__ = ["DESCRIPTIONS", "DNCCall", "forward"]
 
-# The interface fields' names in `torch_ntm.layout.DNC_FIELDS` order: `DNCCall` has where each
+# The interface fields' names, in `torch_ntm.layout.DNC_FIELDS` order: `DNCCall` has where each
 # starts.
-_FIELDS = ("read_key", "read_strength", "write_key", "write_strength", "erase", "write_vector",
-           "free_gate", "allocation_gate", "write_gate", "read_mode")
+_FIELDS = tuple(field.name for field in DNC_FIELDS)
 
 
 class DNCCall(library.Description):
