@@ -14,7 +14,8 @@ cross-entropy at every step, Adam. DNC: ``DNC(9, 8)`` (DeepMind's reference size
 Each loop runs a warm-up (the native library's build included, the first time on a machine),
 then ``--repeats`` interleaved blocks of ``--steps`` training steps; the table gives each loop's
 median sequences per second and its ratio to the plain loop (NTM) or to the eager engine (MANN,
-DNC), all measured in this one process."""
+DNC), all measured in this one process. For the MANN it also times the matmuls its step must make
+on any engine (`mann_matmuls`), alone: the ratio a step made of nothing else would reach."""
 
 from __future__ import annotations
 
@@ -149,6 +150,36 @@ def mann_loops(batch: int):
         'MANN(405, 5, engine="eager")'
 
 
+def mann_matmuls(batch: int, steps: int = 50) -> dict:
+    """The matmuls a training step of `MANN(405, 5)` must make on any engine, as callables at
+    its sizes: the LSTM's input side over all steps and its weight gradient, the recurrent and
+    head-layer products of each step forward and backward (``batch`` rows each, ``steps`` times),
+    the weight gradients of both over all steps, the output layer. Timed alone, their sum is a
+    floor under the step's time (every other part of the step taken as free)."""
+    model = MANN(405, 5)
+    c, p = model.controller_size, model.head_params.out_features
+    z = model.read_heads * model.memory_width + c  # [reads, h], the recurrent matmul's input
+    rows, out = steps * batch, model.output.in_features
+    r = torch.rand
+
+    def mm(a, b, times=1):
+        x, y = r(*a), r(*b)
+
+        def run():
+            for _ in range(times):
+                x @ y
+        return run
+    return {"input side": mm((rows, 405), (405, 4 * c)),
+            "input side, weight gradient": mm((4 * c, rows), (rows, 405)),
+            "recurrent, per step": mm((batch, z), (z, 4 * c), steps),
+            "recurrent, input gradient per step": mm((batch, 4 * c), (4 * c, z), steps),
+            "recurrent, weight gradient": mm((4 * c, rows), (rows, z)),
+            "head layer, per step": mm((batch, c), (c, p), steps),
+            "head layer, input gradient per step": mm((batch, p), (p, c), steps),
+            "head layer, weight gradient": mm((p, rows), (rows, c)),
+            "output layer and its gradients": mm((rows, out), (out, 5), 3)}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(prog="user_loop.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--batch-size", type=int, default=16)
@@ -180,7 +211,20 @@ def main() -> None:
             print(f"{label:<30} {rates[label]:>8.1f} {spread:>15} "
                   f"{rates[label] / rates[reference]:>6.2f}x {warmup[label]:>9.1f}")
         print(f"(batch {args.batch_size}, one thread, medians of {args.repeats} blocks of "
-              f"{args.steps} steps; ratio to the {reference})\n")
+              f"{args.steps} steps; ratio to the {reference})")
+        if name == "mann":
+            floor = sum(statistics.median(_timed(f) for _ in range(args.repeats))
+                        for f in mann_matmuls(args.batch_size).values())
+            print(f"its matmuls alone: {floor * 1e3:.1f} ms a step, {args.batch_size / floor:.0f} "
+                  f"episodes/s: a step with nothing else would be "
+                  f"{args.batch_size / floor / rates[reference]:.2f}x the {reference}")
+        print()
+
+
+def _timed(run) -> float:
+    start = time.perf_counter()
+    run()
+    return time.perf_counter() - start
 
 
 if __name__ == "__main__":
