@@ -320,7 +320,7 @@ def test_registered_with_the_dnc_as_default_and_baselines():
         dnc, lstm, ntm = (resolve_config(name, p) for p in ("dnc", "lstm", "ntm"))
         assert (dnc.model, lstm.model, ntm.model) == ("dnc", "lstm", "ntm")
         for config in (dnc, lstm, ntm):
-            assert config.optimizer == "rmsprop" and 1e-4 <= config.lr <= 1e-3
+            assert config.optimizer == "adam" and config.lr == 1e-3
             assert config.clip_norm > 0 and config.curriculum_start == 3
         assert resolve_config(name).preset == "dnc"
 
