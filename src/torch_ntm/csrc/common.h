@@ -19,6 +19,8 @@
 
 namespace torch_ntm {
 
+constexpr double kEps = 1e-8;  // functional.EPS: keeps cosine similarities finite at zero norm
+
 // ------------------------------------------------------------------------------------------------
 // Small loops. `#pragma omp simd` (with -fopenmp-simd) lets the reductions vectorise.
 // ------------------------------------------------------------------------------------------------

@@ -27,8 +27,6 @@ namespace torch_ntm {
 namespace {
 namespace dnc {
 
-constexpr double kEps = 1e-8;  // functional.EPS
-
 struct Cfg {
   int64_t T, B, C, R, W, N, P;
   // where each interface field starts in a row of the interface layer's output

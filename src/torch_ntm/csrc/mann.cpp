@@ -24,8 +24,6 @@ namespace torch_ntm {
 namespace {
 namespace lrua {
 
-constexpr double kEps = 1e-8;  // functional.EPS
-
 struct Cfg {
   int64_t T, B, C, H, M, N, P, Fw, o_alpha, o_add, o_beta;
   bool keep_all;

@@ -23,8 +23,6 @@
 namespace torch_ntm {
 namespace {
 
-constexpr double kEps = 1e-8;  // functional.EPS
-
 // Row i + offset of n rows, circularly (|offset| < n), as two straight runs: rows i < split are
 // at i + lo, rows from split on at i + hi.
 struct Circular {
