@@ -518,6 +518,33 @@ def test_stored_sparse_link_with_k_equal_to_n_is_the_exact_link():
     torch.testing.assert_close(D.sparse_link_dense(stored, N), exact, **F64)
 
 
+@pytest.mark.parametrize("k", [1, 2, N, N + 3])
+def test_sparse_link_from_dense_round_trips_rows_of_at_most_k_entries(k):
+    """A dense matrix with at most min(k, N) non-zero entries a row comes back whole from its
+    stored form (values and gradient), each stored value at its own column; a row with more keeps
+    its k largest."""
+    g = gen(23)
+    slots = min(k, N)
+    full = torch.rand(B, HW, N, N, generator=g, dtype=torch.float64)
+    keep = torch.zeros_like(full).scatter(-1, torch.rand(B, HW, N, N, generator=g).argsort(-1)[
+        ..., :slots], 1.0)
+    dense = (full * keep).requires_grad_()
+    stored = D.sparse_link_from_dense(dense, k)
+    assert stored.values.shape == stored.columns.shape == (B, HW, N, slots)
+    torch.testing.assert_close(stored.values, dense.gather(-1, stored.columns), rtol=0, atol=0)
+    torch.testing.assert_close(D.sparse_link_dense(stored, N), dense, rtol=0, atol=0)
+    weight = torch.rand(B, HW, N, N, generator=g, dtype=torch.float64)
+    (grad,) = torch.autograd.grad((D.sparse_link_dense(stored, N) * weight).sum(), dense)
+    torch.testing.assert_close(grad, weight * keep, rtol=0, atol=0)
+    if k < N:  # a full row: its k largest entries
+        top = D.sparse_link_dense(D.sparse_link_from_dense(full, k), N)
+        assert torch.equal((top > 0).sum(-1), torch.full((B, HW, N), k))
+        assert (top.amax(-1) == full.amax(-1)).all()
+        assert (full * (top == 0)).amax(-1).le(top.where(top > 0, 2.0).amin(-1)).all()
+    with pytest.raises(ValueError, match="k >= 1"):
+        D.sparse_link_from_dense(dense, 0)
+
+
 def test_stored_sparse_link_refuses_a_store_of_another_k():
     g = gen(22)
     stored = D.empty_sparse_link(1, 1, N, 2)

@@ -34,6 +34,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor, nn
 
+from torch_ntm import dnc_functional as dncf
 from torch_ntm import engines
 from torch_ntm.checks import (
     cell_step,
@@ -211,10 +212,29 @@ class _DNCBase(nn.Module):
                              f"controller or batch size?")
         check_state_tensors(state, ref)
 
+    def _loop_state(self, state: DNCState) -> DNCState:
+        """With ``sparse_link``, the state with its link stored as a
+        `torch_ntm.dnc_functional.SparseLink` (each row's K largest entries: all of a sparse
+        model's), as the sequence loop carries it; else ``state``."""
+        if self.sparse_link is None or isinstance(state.link, dncf.SparseLink):
+            return state
+        return state._replace(link=dncf.sparse_link_from_dense(state.link, self.sparse_link))
+
+    def _public_state(self, state: DNCState) -> DNCState:
+        """``state`` with its link as ``[B, Hw, N, N]`` matrices (`DNCState`'s form)."""
+        if isinstance(state.link, dncf.SparseLink):
+            return state._replace(
+                link=dncf.sparse_link_dense(state.link, state.memory.shape[-2]))
+        return state
+
     def _step(self, x: Tensor, state: DNCState, record: bool = False):
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
-        plus the step's `torch_ntm.layout.DNCAccess` when ``record``."""
+        plus the step's `torch_ntm.layout.DNCAccess` when ``record``. The state's link comes
+        back in the form it came in (with ``sparse_link``, dense matrices or the sequence
+        loop's `torch_ntm.dnc_functional.SparseLink`, `_loop_state`)."""
         b = x.shape[0]
+        dense_link = isinstance(state.link, Tensor)
+        state = self._loop_state(state)
         h, ctrl = self.controller(torch.cat([x, state.reads.reshape(b, -1)], -1),
                                   state.controller)
         access = self.head_layout.access_step(
@@ -222,6 +242,8 @@ class _DNCBase(nn.Module):
             state.read_weights, state.write_weights)
         logits = self.output(torch.cat([h, access.reads.reshape(b, -1)], -1))
         new = DNCState(ctrl, *access[:7])
+        if dense_link:
+            new = self._public_state(new)
         return (logits, new, access) if record else (logits, new)
 
 
@@ -267,7 +289,11 @@ class DNC(SequenceModel, _DNCBase):
             write vectors, allocation and write gates, precedence and link matrix.
         sparse_link: None (default) for the exact N x N link matrix; K for the paper's sparse
             approximation, keeping the K largest entries of the write weighting and precedence
-            (`torch_ntm.dnc_functional.sparse_link`; stored dense for now).
+            (`torch_ntm.dnc_functional.sparse_link`). A sequence carries the link K entries a
+            row from step to step (`torch_ntm.dnc_functional.sparse_link_update`: O(N K) memory
+            and time a step, not O(N^2)); the state passed in and returned keeps
+            `DNCState`'s dense ``[B, Hw, N, N]``, converted once a call (its link read as each
+            row's K largest entries, all that a sparse model's state holds).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: ``"auto"`` (default), ``"native"``, ``"graphs"`` or ``"eager"``, as for
             `torch_ntm.NTM` (`torch_ntm.engines`): "auto" runs the native engine on the CPU
@@ -291,6 +317,9 @@ class DNC(SequenceModel, _DNCBase):
     _state_type = DNCState
     _native_engine = native
     _native_call = native.DNCCall
+    # the sparse link's form in the sequence loop (SequenceModel's defaults keep the state)
+    _loop_state = _DNCBase._loop_state
+    _public_state = _DNCBase._public_state
 
     def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
                  controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
@@ -315,13 +344,15 @@ class DNC(SequenceModel, _DNCBase):
         """
         x, state = self._prepare(x, state)
         outputs, rows = [], []
+        state = self._loop_state(state)
         for x_t in x:
             y, state, access = self._step(x_t, state, record=True)
             outputs.append(y)
             xi = access.interface
             rows.append((state.read_weights, state.write_weights, state.usage, access.allocation,
-                         state.link, state.precedence, state.memory, xi.read_mode, xi.free_gate,
-                         xi.allocation_gate[..., 0], xi.write_gate[..., 0]))
+                         self._public_state(state).link, state.precedence, state.memory,
+                         xi.read_mode, xi.free_gate, xi.allocation_gate[..., 0],
+                         xi.write_gate[..., 0]))
         trace = DNCTrace(*(torch.stack(col) for col in zip(*rows)))
-        y, state = one_dtype(self._finish(torch.stack(outputs)), state, x)
+        y, state = one_dtype(self._finish(torch.stack(outputs)), self._public_state(state), x)
         return y, state, trace

@@ -281,9 +281,29 @@ def empty_sparse_link(batch: int, heads: int, n: int, k: int, dtype: torch.dtype
 
 
 def sparse_link_dense(link: SparseLink, n: int) -> Tensor:
-    """The ``[B, Hw, N, N]`` matrices that ``link`` stores (for tests and plots)."""
+    """The ``[B, Hw, N, N]`` matrices that ``link`` stores (differentiable in its values)."""
     dense = link.values.new_zeros(*link.values.shape[:-1], n)
     return dense.scatter_add(-1, link.columns, link.values)
+
+
+def sparse_link_from_dense(link: Tensor, k: int) -> SparseLink:
+    """Dense link matrices ``[B, Hw, N, N]`` as a `SparseLink` of ``S = min(k, N)`` slots: each
+    row's S largest entries (`torch.topk`: O(N^2) for all rows). Exact, so that
+    `sparse_link_dense` gives ``link`` back, for every matrix with at most S non-zero entries a
+    row, which includes all that `sparse_link` and `sparse_link_update` make; differentiable in
+    the kept entries.
+
+    Args:
+        link: ``[B, Hw, N, N]``.
+        k: K >= 1.
+
+    Returns:
+        `SparseLink` ``[B, Hw, N, S]``.
+    """
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"sparse_link_from_dense keeps k >= 1 entries, got k={k!r}")
+    columns = link.detach().topk(min(k, link.shape[-1]), dim=-1).indices
+    return SparseLink(link.gather(-1, columns), columns)
 
 
 def sparse_link_update(link: SparseLink, w_write: Tensor, p_prev: Tensor, k: int) -> SparseLink:

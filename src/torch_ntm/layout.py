@@ -267,7 +267,9 @@ class DNCState(NamedTuple):
         controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
         memory: ``[B, N, W]`` memory M_t.
         usage: ``[B, N]`` usage vector u_t.
-        link: ``[B, Hw, N, N]`` temporal link matrix L_t of each write head.
+        link: ``[B, Hw, N, N]`` temporal link matrix L_t of each write head (with
+            ``sparse_link=K``, each row holds at most K non-zero entries, and the DNC's sequence
+            loop carries it as a `torch_ntm.dnc_functional.SparseLink` between its steps).
         precedence: ``[B, Hw, N]`` precedence weighting p_t of each write head.
         read_weights: ``[B, R, N]`` read weightings w^r_t.
         write_weights: ``[B, Hw, N]`` write weightings w^w_t.
@@ -333,7 +335,7 @@ class DNCAccess(NamedTuple):
 
     memory: Tensor  # M_t, (B, N, W)
     usage: Tensor  # u_t, (B, N)
-    link: Tensor  # L_t, (B, Hw, N, N)
+    link: Tensor | dncf.SparseLink  # L_t, (B, Hw, N, N), or stored sparse (`sparse_link`)
     precedence: Tensor  # p_t, (B, Hw, N)
     read_weights: Tensor  # w^r_t, (B, R, N)
     write_weights: Tensor  # w^w_t, (B, Hw, N)
@@ -360,7 +362,8 @@ class DNCLayout:
         write_heads: Hw (the paper: 1).
         width: W, the memory width.
         sparse_link: None for the exact link matrix, or K for the paper's sparse approximation
-            (`torch_ntm.dnc_functional.sparse_link`).
+            (`torch_ntm.dnc_functional.sparse_link_update`: `access_step` then takes and returns
+            the link as a `torch_ntm.dnc_functional.SparseLink`, O(N K) a step).
     """
 
     read_heads: int
@@ -390,12 +393,14 @@ class DNCLayout:
         values["free_gate"] = values["free_gate"].squeeze(-1)  # (B, R)
         return DNCInterface(**values)
 
-    def access_step(self, raw: Tensor, memory: Tensor, usage: Tensor, link: Tensor,
-                    precedence: Tensor, read_weights: Tensor, write_weights: Tensor) -> DNCAccess:
+    def access_step(self, raw: Tensor, memory: Tensor, usage: Tensor,
+                    link: Tensor | dncf.SparseLink, precedence: Tensor, read_weights: Tensor,
+                    write_weights: Tensor) -> DNCAccess:
         """The memory access of one step from the interface layer's output ``raw [B, size]`` and
         the previous step's memory, usage, link, precedence and weightings (`DNCState`'s shapes):
         free, allocate, write, link, then read the memory after the write
-        (`torch_ntm.dnc_functional`, whose module docstring lists the steps)."""
+        (`torch_ntm.dnc_functional`, whose module docstring lists the steps). With
+        ``sparse_link``, ``link`` is a `torch_ntm.dnc_functional.SparseLink` in and out."""
         xi = self.activate(raw)
         usage = dncf.usage(usage, write_weights, dncf.retention(xi.free_gate, read_weights))
         content = dncf.content_weights(memory, xi.write_key, xi.write_strength)
@@ -404,10 +409,11 @@ class DNCLayout:
         memory = dncf.write(memory, w_write, xi.erase, xi.write_vector)
         if self.sparse_link is None:
             link = dncf.link(link, w_write, precedence)
+            forward, backward = dncf.directional_weights(link, read_weights)
         else:
-            link = dncf.sparse_link(link, w_write, precedence, self.sparse_link)
+            link = dncf.sparse_link_update(link, w_write, precedence, self.sparse_link)
+            forward, backward = dncf.sparse_directional_weights(link, read_weights)
         precedence = dncf.precedence(precedence, w_write)
-        forward, backward = dncf.directional_weights(link, read_weights)
         content = dncf.content_weights(memory, xi.read_key, xi.read_strength)
         w_read = dncf.read_weights(content, forward, backward, xi.read_mode)
         return DNCAccess(memory, usage, link, precedence, w_read, w_write,

@@ -119,11 +119,21 @@ class SequenceModel:
             y, state = graphs.forward(self, x, state, self._step)
         else:
             outputs = []
+            state = self._loop_state(state)
             for x_t in x:
                 y, state = self._step(x_t, state)
                 outputs.append(y)
-            y = torch.stack(outputs)
+            y, state = torch.stack(outputs), self._public_state(state)
         return one_dtype(self._finish(y), state, x)
+
+    def _loop_state(self, state):
+        """The state as the eager loop carries it from step to step (`_step` takes either form;
+        the same here, but the sparse link of `torch_ntm.DNC`)."""
+        return state
+
+    def _public_state(self, state):
+        """The state a `forward` returns from the loop's form (`_loop_state`)."""
+        return state
 
     def _forward_scan(self, x: Tensor, state):
         """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
