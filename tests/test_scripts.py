@@ -38,7 +38,8 @@ def _evaluated(name: str):
 
 
 @pytest.mark.parametrize("script", ["sort_precision.py", "repeat_copy_loops.py",
-                                    "repeat_copy_count.py", "recall_errors.py"])
+                                    "repeat_copy_count.py", "recall_errors.py",
+                                    "graph_errors.py"])
 @pytest.mark.parametrize(("run", "message"), [
     ("no-such-run", "no such checkpoint"),
     (str(pretrained.path("copy")), "is a 'copy' run; this script reads"),
@@ -139,6 +140,28 @@ def test_recall_errors_counts_the_sequences():
     out = _run("recall_errors.py", str(pretrained.path("associative_recall")), "--sequences", "50")
     wrong, total = map(int, re.match(r"(\d+) of (\d+) sequences with a wrong bit", out).groups())
     assert total == 50 and 0 <= wrong <= total
+
+
+@pytest.mark.parametrize("task", ["traversal", "shortest_path"])
+def test_graph_errors_splits_every_answer_triple_by_field(task, tmp_path):
+    config = resolve_config(task, overrides=["controller_size=8", "memory_size=8",
+                                             "memory_width=4", "read_heads=1"])
+    model = build_model(config, build_task(config))
+    save_checkpoint(tmp_path, config, model, step=0)
+    out = _run("graph_errors.py", str(tmp_path), "--sizes", "3,4", "--sequences", "20")
+    rows = re.findall(r"^\s+(\d+)\s+(\d+)\s+(\d+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$",
+                      out, re.M)
+    task_ = build_task(config)
+    for size in (3, 4):  # one row per answer step, as many triples as the same draw answers
+        batch = task_.with_size(size).sample(20, torch.Generator().manual_seed(123))
+        answers = batch.mask.sum(0)  # [B] answer steps of each sequence
+        mine = [r for r in rows if int(r[0]) == size]
+        assert [int(r[1]) for r in mine] == list(range(1, int(answers.max()) + 1))
+        assert [int(r[2]) for r in mine] == [int((answers >= i).sum()) for i in range(
+            1, len(mine) + 1)]
+        for r in mine:
+            fields, any_ = [float(f) for f in r[3:6]], float(r[6])
+            assert all(0 <= f <= 1 for f in fields) and max(fields) <= any_ <= min(1, sum(fields))
 
 
 def test_profile_step_splits_a_native_step():
