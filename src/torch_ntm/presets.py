@@ -49,7 +49,7 @@ _BIT_ADAM = {"optimizer": "adam", "batch_size": 16, "clip_value": 0.0, "clip_nor
 # (in a 400 s probe on one core RMSProp got no traversal query right, Adam 7%:
 # docs/results/dnc.md); no curriculum: every size of the task's 3..10 from the start (a
 # curriculum from 3 nodes kept the DNC on graphs it answered from its controller, 25% of
-# traversal queries right on 3-10 nodes after 4M sequences; without one, 96% after 500,000);
+# traversal queries right on 3-10 nodes after 4M sequences; without one, 97% after 500,000);
 # memory for the 90 edges of a 30-node graph when evaluating.
 _GRAPH = {"optimizer": "adam", "lr": 1e-3, "batch_size": 16, "clip_value": 0.0,
           "clip_norm": 50.0, "eval_every": 200, "memory_size": 64, "memory_width": 32,
