@@ -54,6 +54,19 @@ def state_bytes(link) -> int:
     return sum(t.numel() * t.element_size() for t in tensors)
 
 
+def saved_bytes(run) -> int:
+    """The bytes of the tensors autograd saves for the backward while ``run()`` runs."""
+    saved = []
+
+    def keep(t):
+        saved.append(t.numel() * t.element_size())
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
+        run()
+    return sum(saved)
+
+
 def measure(kind: str, n: int, k: int, batch: int, repeats: int) -> dict:
     torch.manual_seed(0)
     if kind == "exact":
@@ -77,16 +90,10 @@ def measure(kind: str, n: int, k: int, batch: int, repeats: int) -> dict:
         total.backward()
         times["forward+backward"].append(time.perf_counter() - start)
         w, w_read = (t.detach() for t in leaves)
-    saved = []
-
-    def keep(t):
-        saved.append(t.numel() * t.element_size())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        step(kind, link, p, w.requires_grad_(), w_read.requires_grad_(), k)
+    saved = saved_bytes(lambda: step(kind, link, p, w.requires_grad_(),
+                                     w_read.requires_grad_(), k))
     return {"ms": {name: 1e3 * min(ts) for name, ts in times.items()},
-            "state_mb": state_bytes(link) / batch / 2**20, "saved_mb": sum(saved) / batch / 2**20}
+            "state_mb": state_bytes(link) / batch / 2**20, "saved_mb": saved / batch / 2**20}
 
 
 def measure_module(kind: str, n: int, k: int, batch: int, steps: int, repeats: int) -> dict:
@@ -103,18 +110,10 @@ def measure_module(kind: str, n: int, k: int, batch: int, steps: int, repeats: i
         y, state = dnc(x)
         (y.sum() + state.memory.sum()).backward()
         times["forward+backward"].append(time.perf_counter() - start)
-    saved = []
-
-    def keep(t):
-        saved.append(t.numel() * t.element_size())
-        return t
-
-    with torch.autograd.graph.saved_tensors_hooks(keep, lambda t: t):
-        dnc(x)
     return {"ms": {name: 1e3 * min(ts) / steps for name, ts in times.items()},
             "state_mb": state_bytes(D.sparse_link_from_dense(state.link, k) if kind == "sparse"
                                     else state.link) / batch / 2**20,
-            "saved_mb": sum(saved) / batch / steps / 2**20}
+            "saved_mb": saved_bytes(lambda: dnc(x)) / batch / steps / 2**20}
 
 
 def main() -> None:

@@ -216,6 +216,12 @@ def _keep_largest(w: Tensor, k: int) -> Tensor:
     return w * torch.zeros_like(w).scatter(-1, _largest(w, k), 1.0)
 
 
+def _check_k(function: str, k: object) -> None:
+    """A clear error unless ``k``, the sparse link's K, is an integer >= 1."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"{function} keeps k >= 1 entries, got k={k!r}")
+
+
 def sparse_link(link_prev: Tensor, w_write: Tensor, p_prev: Tensor, k: int) -> Tensor:
     """The sparse approximation of `link` (Methods, "Sparse link matrix"), with K = ``k``.
 
@@ -242,8 +248,7 @@ def sparse_link(link_prev: Tensor, w_write: Tensor, p_prev: Tensor, k: int) -> T
     Returns:
         ``[B, Hw, N, N]`` L^_t, zero diagonal, at most K non-zero entries per row and column.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"sparse_link keeps k >= 1 entries, got k={k!r}")
+    _check_k("sparse_link", k)
     n = w_write.shape[-1]
     new = link(link_prev, _keep_largest(w_write, k), _keep_largest(p_prev, k))
     if k >= n:
@@ -300,8 +305,7 @@ def sparse_link_from_dense(link: Tensor, k: int) -> SparseLink:
     Returns:
         `SparseLink` ``[B, Hw, N, S]``.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"sparse_link_from_dense keeps k >= 1 entries, got k={k!r}")
+    _check_k("sparse_link_from_dense", k)
     columns = link.detach().topk(min(k, link.shape[-1]), dim=-1).indices
     return SparseLink(link.gather(-1, columns), columns)
 
@@ -323,8 +327,7 @@ def sparse_link_update(link: SparseLink, w_write: Tensor, p_prev: Tensor, k: int
     Returns:
         `SparseLink` L^_t, equal (as `sparse_link_dense`) to ``sparse_link`` of the dense L^_{t-1}.
     """
-    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-        raise ValueError(f"sparse_link_update keeps k >= 1 entries, got k={k!r}")
+    _check_k("sparse_link_update", k)
     n, slots = w_write.shape[-1], link.values.shape[-1]
     if slots != min(k, n):
         raise ValueError(f"a SparseLink for k={k} and N={n} has {min(k, n)} slots per row, "
