@@ -478,6 +478,37 @@ def test_evaluate_seeds_scores_one_set_per_seed(trained, capsys):
     assert both[0]["cost_bits"] != both[2]["cost_bits"]  # other sequences
 
 
+def test_evaluate_seeds_table_gives_each_size_mean_and_range_over_the_sets(trained, capsys):
+    # The table's summary is computed from the sets' own rows (as --json gives them); one set
+    # has no summary.
+    import statistics
+
+    def run(*extra):
+        assert main(["evaluate", str(trained), "--lengths", "2,3", "--sequences", "8",
+                     *extra]) == 0
+        return capsys.readouterr().out
+
+    sets = json.loads(run("--seeds", "5,6,7", "--json"))
+    table = run("--seeds", "5,6,7")
+    head, _, summary = table.partition("\nover the 3 sets: the mean, min and max at each size\n")
+    assert len(head.splitlines()) == 1 + 6  # header, 3 sets x 2 lengths
+    lines = [line.split() for line in summary.splitlines()]
+    columns = lines[0]
+    assert columns[:3] == ["length", "over", "sets"]  # "over sets" is one column's name
+    scores = columns[3:]
+    assert scores and "seed" not in scores and "sequences" not in scores
+    assert [line[:2] for line in lines[1:]] == [[str(n), fold] for n in (2, 3)
+                                                for fold in ("mean", "min", "max")]
+    for line in lines[1:]:
+        values = [r for r in sets if r["length"] == int(line[0])]
+        for name, cell in zip(scores, line[2:]):
+            got = [r[name] for r in values]
+            want = {"mean": statistics.fmean(got), "min": min(got), "max": max(got)}[line[1]]
+            assert float(cell) == pytest.approx(want, rel=1e-3, abs=1e-6)
+    assert len({r["cost_bits"] for r in sets if r["length"] == 3}) > 1  # the sets differ
+    assert "over the" not in run("--seeds", "5")
+
+
 @pytest.mark.parametrize("seeds", ["1,1", "-1", "a"])
 def test_evaluate_seeds_must_be_distinct_non_negative_integers(trained, seeds, capsys):
     with pytest.raises(SystemExit) as exit_:

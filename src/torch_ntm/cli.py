@@ -106,7 +106,8 @@ def _parser() -> argparse.ArgumentParser:
                    "--task-set min_repeats=20 --task-set max_repeats=20 (repeatable)")
     p.add_argument("--seeds", type=_seed_list, default=None, metavar="S1,S2,...",
                    help="draw the held-out data from each of these seeds (default 2014): one "
-                   "set per seed, each scored alone; with several, the mean and the range too")
+                   "set per seed, each scored alone; with several, their mean and range too (the "
+                   "table's, by size; omniglot's --json too)")
     p.add_argument("--json", action="store_true", help="print JSON instead of a table")
 
     p = sub.add_parser("plot", help="write figures of a run or checkpoint")
@@ -420,9 +421,27 @@ def _cmd_evaluate(args) -> int:
         rows += [{"seed": seed, **row} if args.seeds else row for row in each]
     if args.json:
         print(json.dumps(rows, indent=2))
-    else:
-        print(format_table(rows))
+        return 0
+    print(format_table(rows))
+    if args.seeds is not None and len(args.seeds) > 1:
+        print(f"\nover the {len(args.seeds)} sets: the mean, min and max at each size")
+        print(format_table(_size_summary(rows, task.size_name)))
     return 0
+
+
+def _size_summary(rows: list[dict], size_name: str) -> list[dict]:
+    """`ntm evaluate --seeds A,B,...` of a sequence task: for each size (and number of repeats)
+    the mean, min and max of every score over the sets, as rows of a table."""
+    from torch_ntm.evaluate import summarise_sets
+
+    by = [k for k in (size_name, "repeats") if k in rows[0]]
+    scores = [k for k in rows[0] if k not in ("seed", "sequences", *by)]
+    groups: dict[tuple, list[dict]] = {}
+    for row in rows:
+        groups.setdefault(tuple(row[k] for k in by), []).append(row)
+    return [{**dict(zip(by, group)), "over sets": name, **values}
+            for group, sets in groups.items()
+            for name, values in summarise_sets(sets, scores).items()]
 
 
 def _evaluate_episodes(args, model, task) -> int:
@@ -452,9 +471,7 @@ def _evaluate_episodes(args, model, task) -> int:
 def _evaluate_episode_sets(args, model, task, episodes: int) -> int:
     """`ntm evaluate --seeds A,B,...` of a label task: one set of held-out episodes per seed,
     each scored alone, then their mean and range (a model's level, not one favourable set)."""
-    import statistics
-
-    from torch_ntm.evaluate import evaluate_episodes, format_table
+    from torch_ntm.evaluate import evaluate_episodes, format_table, summarise_sets
 
     sets = []
     for seed in args.seeds:
@@ -462,8 +479,7 @@ def _evaluate_episode_sets(args, model, task, episodes: int) -> int:
         accuracy = row.pop("accuracy_by_instance")
         sets.append({"seed": seed, **row, **{f"accuracy_{k}": v for k, v in accuracy.items()}})
     keys = [k for k in sets[0] if k not in ("seed", "sequences")]
-    summary = {name: {k: fold([s[k] for s in sets]) for k in keys}
-               for name, fold in (("mean", statistics.fmean), ("min", min), ("max", max))}
+    summary = summarise_sets(sets, keys)
     if args.json:
         print(json.dumps({"task": task.name, "split": _split(task), "episodes_per_set": episodes,
                           "sets": sets, **summary}, indent=2))

@@ -4,6 +4,7 @@ label tasks (Omniglot), accuracy by instance on held-out episodes (`evaluate_epi
 from __future__ import annotations
 
 import math
+import statistics
 from collections.abc import Iterable
 
 import torch
@@ -12,7 +13,7 @@ from torch import nn
 from torch_ntm.metrics import objective
 
 __all__ = ["evaluate_batches", "evaluate_sizes", "evaluate_episodes", "format_table",
-           "task_objective"]
+           "summarise_sets", "task_objective"]
 
 EVAL_SEED = 2014  # evaluation sets are drawn from their own generator, never the training one
 # Held-out episodes a label task is scored on (`ntm evaluate`, the end of `ntm train`, `ntm plot`)
@@ -115,6 +116,14 @@ def evaluate_episodes(model: nn.Module, task, num_sequences: int = HELD_OUT_EPIS
     names = held_out.extra_metrics
     accuracy = {int(name.rpartition("_")[2]): row.pop(name) for name in names}
     return {**row, "accuracy_by_instance": accuracy}
+
+
+def summarise_sets(sets: list[dict], keys: Iterable[str]) -> dict[str, dict]:
+    """The mean, min and max of each of ``keys`` over ``sets`` (rows scored on independent
+    held-out sets, one per seed): ``{"mean": {key: value}, "min": ..., "max": ...}``."""
+    keys = list(keys)
+    return {name: {k: fold([s[k] for s in sets]) for k in keys}
+            for name, fold in (("mean", statistics.fmean), ("min", min), ("max", max))}
 
 
 def format_table(rows: list[dict]) -> str:
