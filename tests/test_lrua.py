@@ -666,7 +666,8 @@ def test_options_are_one_list():
     mann = build(write_vector="key")
     assert mann.config() == {"input_size": IN, "output_size": OUT, **SMALL,
                              "usage_decay": USAGE_DECAY, "write_vector": "key",
-                             "learned_beta": False, "batch_first": False}
+                             "learned_beta": False, "encoder": "none", "image_size": 20,
+                             "batch_first": False}
     assert MANN(**mann.config(), dtype=torch.float64).config() == mann.config()
     assert all(getattr(mann, name) == getattr(mann.options, name) for name in fields)
     with pytest.raises(AttributeError, match=r"MANN.usage_decay is fixed when the module is "

@@ -43,7 +43,8 @@ from torch_ntm.layout import LRUALayout, NTMState
 from torch_ntm.model import MEMORY_INIT_CONSTANT
 from torch_ntm.sequence import SequenceModel
 
-__all__ = ["ENGINES", "MANN", "MANNCell", "MANNOptions", "MANNState", "WRITE_VECTORS"]
+__all__ = ["ENCODERS", "ENGINES", "ConvEncoder", "MANN", "MANNCell", "MANNOptions", "MANNState",
+           "WRITE_VECTORS"]
 
 # How `MANN.forward` computes the sequence (the same function, to float rounding, on each):
 # `torch_ntm.engines` says what each is and which serves which call.
@@ -53,6 +54,60 @@ ENGINES = engines.ENGINES
 # write, which lets what is stored differ from what it is found by); "key": the key of read head
 # h, as in the paper (M_t(i) = M_{t-1}(i) + w^w_t(i) k_t), so memory holds the keys it is read by.
 WRITE_VECTORS = ("add", "key")
+
+# What the controller reads of an input step: "none", the step itself (the paper); "conv", the
+# image that opens the step through `ConvEncoder`'s two convolutions, then the rest of the step.
+ENCODERS = ("none", "conv")
+CONV_CHANNELS = (16, 32)  # feature maps of `ConvEncoder`'s two layers
+
+
+class ConvEncoder(nn.Module):
+    """Features of the square image that opens each input step, for the controller to read.
+
+    The first ``image_size ** 2`` values of a step are the image, row by row (an Omniglot
+    episode's 20 x 20 pixels); two convolutions, each 4 x 4 with stride 2 and padding 1 and
+    followed by ReLU, give ``CONV_CHANNELS`` feature maps of half the side each time (20 x 20 ->
+    16 x 10 x 10 -> 32 x 5 x 5), flattened channel by channel; the rest of the step (the
+    previous label) follows them unchanged. ``output_size`` is the width of the result (800 + 5
+    on Omniglot's 405). Weights shared over positions are what let features of strokes seen in
+    some alphabets serve others, which the paper's controller, reading the pixels through one
+    dense layer, must learn anew at every position.
+
+    Args:
+        input_size: width of an input step (the image and what follows it).
+        image_size: side of the square image (>= 4).
+    """
+
+    def __init__(self, input_size: int, image_size: int, device=None, dtype=None) -> None:
+        super().__init__()
+        pixels = positive_int("image_size", image_size) ** 2
+        if image_size < 4:
+            raise ValueError(f"image_size must be >= 4 for two 4 x 4 convolutions with stride "
+                             f"2, got {image_size}")
+        if pixels > input_size:
+            raise ValueError(f"image_size={image_size} needs {pixels} input values per step for "
+                             f"its image, but input_size is {input_size}: give the side of the "
+                             f"square image that opens each step")
+        self.image_size = image_size
+        convs, side, width = [], image_size, 1
+        for channels in CONV_CHANNELS:
+            convs.append(nn.Conv2d(width, channels, 4, stride=2, padding=1, device=device,
+                                   dtype=dtype))
+            side, width = (side + 2 - 4) // 2 + 1, channels
+        self.convs = nn.ModuleList(convs)
+        self.output_size = width * side * side + input_size - pixels
+
+    def reset_parameters(self) -> None:
+        for conv in self.convs:
+            conv.reset_parameters()
+
+    def forward(self, x: Tensor) -> Tensor:
+        """``[..., input_size]`` -> ``[..., output_size]``."""
+        side = self.image_size
+        image = x[..., :side * side].reshape(-1, 1, side, side)
+        for conv in self.convs:
+            image = torch.relu(conv(image))
+        return torch.cat([image.reshape(*x.shape[:-1], -1), x[..., side * side:]], -1)
 
 
 class MANNState(NamedTuple):
@@ -93,6 +148,8 @@ class MANNOptions:
     usage_decay: float = ntmf.USAGE_DECAY
     write_vector: str = "add"
     learned_beta: bool = False
+    encoder: str = "none"
+    image_size: int = 20
 
     def checked(self) -> MANNOptions:
         """These options, with ``usage_decay`` as a float.
@@ -110,6 +167,10 @@ class MANNOptions:
                              f"{', '.join(WRITE_VECTORS)}")
         if not isinstance(self.learned_beta, bool):
             raise ValueError(f"learned_beta must be True or False, got {self.learned_beta!r}")
+        if self.encoder not in ENCODERS:
+            raise ValueError(f"unknown encoder {self.encoder!r}; valid choices: "
+                             f"{', '.join(ENCODERS)}")
+        positive_int("image_size", self.image_size)
         if self.read_heads > self.memory_size:
             raise ValueError(
                 f"read_heads={self.read_heads} least-used rows are marked each step, so "
@@ -125,19 +186,25 @@ class _MANNBase(nn.Module):
     def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
                  memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
                  usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
-                 learned_beta: bool = False, device=None, dtype=None) -> None:
+                 learned_beta: bool = False, encoder: str = "none", image_size: int = 20,
+                 device=None, dtype=None) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.input_size = positive_int("input_size", input_size)
         self.output_size = positive_int("output_size", output_size)
         self.options = MANNOptions(controller_size, memory_size, memory_width, read_heads,
-                                   usage_decay, write_vector, learned_beta).checked()
+                                   usage_decay, write_vector, learned_beta, encoder,
+                                   image_size).checked()
+        # what the controller reads of a step (`encode`): None, the step itself
+        self.features = (ConvEncoder(input_size, image_size, **factory) if encoder == "conv"
+                         else None)
+        features = input_size if self.features is None else self.features.output_size
 
         h, m = self.read_heads, self.memory_width
         # the heads' fields and step (torch_ntm.layout): what the engines read of the heads
         self.head_layout = LRUALayout(h, m, self.options.write_vector, self.options.learned_beta,
                                       self.options.usage_decay)
-        self.controller = LSTMController(input_size + h * m, controller_size, 1, **factory)
+        self.controller = LSTMController(features + h * m, controller_size, 1, **factory)
         self.head_params = nn.Linear(controller_size, h * sum(self.head_fields.values()),
                                      **factory)
         self.output = nn.Linear(controller_size + h * m, output_size, **factory)
@@ -148,6 +215,14 @@ class _MANNBase(nn.Module):
         self.controller.reset_parameters()
         self.head_params.reset_parameters()
         self.output.reset_parameters()
+        if self.features is not None:
+            self.features.reset_parameters()
+
+    def encode(self, x: Tensor) -> Tensor:
+        """What the controller reads of input steps ``[..., input_size]``: ``x`` itself, or its
+        `ConvEncoder` features with ``encoder="conv"``. A function of each step alone, so the
+        engines encode a whole sequence at once and the loop one step at a time."""
+        return x if self.features is None else self.features(x)
 
     def extra_repr(self) -> str:
         options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
@@ -227,6 +302,7 @@ class _MANNBase(nn.Module):
     def _step(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``."""
         b = x.shape[0]
+        x = self.encode(x)
         h, ctrl = self.controller(torch.cat([x, state.reads.reshape(b, -1)], -1), state.controller)
         return self._memory_step(h, ctrl, state)
 
@@ -280,6 +356,11 @@ class MANN(SequenceModel, _MANNBase):
             ``"key"`` (its read head's key, as in the paper); see `WRITE_VECTORS`.
         learned_beta: False (default) reads with beta = 1, the paper's softmax of cosine
             similarities; True lets each read head emit a key strength ``softplus(.)``.
+        encoder: what the controller reads of each input step (`ENCODERS`): ``"none"``
+            (default) the step itself, as in the paper; ``"conv"`` the `ConvEncoder` features
+            of the image that opens the step, then the rest of the step.
+        image_size: side of that image with ``encoder="conv"`` (default 20: an Omniglot
+            episode's 20 x 20 pixels, the first 400 values of each step); unused without it.
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
             ``"auto"`` (default) the fastest engine that can serve the call, ``"native"`` or
@@ -304,11 +385,12 @@ class MANN(SequenceModel, _MANNBase):
     def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
                  memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
                  usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
-                 learned_beta: bool = False, batch_first: bool = False, engine: str = "auto",
-                 device=None, dtype=None) -> None:
+                 learned_beta: bool = False, encoder: str = "none", image_size: int = 20,
+                 batch_first: bool = False, engine: str = "auto", device=None,
+                 dtype=None) -> None:
         super().__init__(input_size, output_size, controller_size=controller_size,
                          memory_size=memory_size, memory_width=memory_width,
                          read_heads=read_heads, usage_decay=usage_decay,
-                         write_vector=write_vector, learned_beta=learned_beta, device=device,
-                         dtype=dtype)
+                         write_vector=write_vector, learned_beta=learned_beta, encoder=encoder,
+                         image_size=image_size, device=device, dtype=dtype)
         self._init_sequence(batch_first, engine)

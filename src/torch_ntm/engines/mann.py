@@ -221,7 +221,7 @@ def forward(model: MANN, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState
     """
     library.keep_freed_memory_once()
     cfg = _config(model)
-    xpre, wrh = lstm_input_side(model, x)
+    xpre, wrh = lstm_input_side(model, model.encode(x))
     inputs = (xpre, wrh, model.head_params.weight.contiguous(),
               model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
               state.controller[1][0].contiguous(), state.memory.contiguous(),
