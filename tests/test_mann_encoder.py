@@ -1,7 +1,7 @@
 """`MANN(encoder="conv")`: the `ConvEncoder` against a float64 loop over output pixels written
 from its definition, its shapes and errors, and the MANN around it: the native engine against
 the eager loop (values and every gradient), the cell against the sequence, `gradcheck`, and
-training from the command line."""
+training from the command line (and `test_omniglot_cli.test_cross_entropy_falls`: it learns)."""
 
 from __future__ import annotations
 
@@ -167,25 +167,6 @@ def test_trains_from_the_command_line(tmp_path, capsys):
                  "--no-progress", "--no-plots"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "unknown encoder 'cnn'" in err, err
-
-
-def test_cross_entropy_falls_with_the_encoder(tmp_path):
-    """100 steps of a small MANN with the convolutions on 2-class episodes: the training
-    cross-entropy falls from chance."""
-    from torch_ntm.presets import resolve_config
-    from torch_ntm.runlog import read_metrics
-    from torch_ntm.train import train
-
-    config = resolve_config("omniglot", None, [
-        "task.classes=2", "task.instances=5", "memory_size=16", "memory_width=8",
-        "controller_size=32", "lr=3e-3", "max_sequences=1600", "eval_every=50",
-        "eval_sequences=64", "log_every=10", "encoder=conv"])
-    train(config, tmp_path / "run", progress=False)
-    costs = [float(r["cost_bits"]) for r in read_metrics(tmp_path / "run" / "metrics.csv",
-                                                          "train")]
-    assert len(costs) == 10
-    assert costs[0] == pytest.approx(10.0, abs=0.3)  # chance: 1 bit at each of 10 steps
-    assert sum(costs[-3:]) / 3 < costs[0] - 0.4
 
 
 def test_config_error_names_the_encoder():
