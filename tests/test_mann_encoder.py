@@ -68,6 +68,24 @@ def test_conv_encoder_sizes(side, features):
     assert encoder(torch.zeros(4, side * side + 5)).shape == (4, features + 5)
 
 
+def test_he_initialisation_keeps_the_pixels_scale():
+    """Weights of variance 2 / fan-in, zero biases; on Omniglot episodes the 800 features carry
+    as much input to the controller as the 400 pixels (sum of squares within a factor of 2)."""
+    from torch_ntm.omniglot import OmniglotTask
+
+    torch.manual_seed(0)
+    encoder = ConvEncoder(PIXELS + 5, SIZE)
+    for conv in encoder.convs:
+        fan_in = conv.weight[0].numel()
+        assert conv.weight.std().item() == pytest.approx((2 / fan_in) ** 0.5, rel=0.1)
+        assert not conv.bias.any()
+    x = OmniglotTask().sample(16, torch.Generator().manual_seed(0)).inputs
+    with torch.no_grad():
+        features = encoder(x)[..., :-5].square().sum(-1).mean()
+    pixels = x[..., :PIXELS].square().sum(-1).mean()
+    assert 0.5 < (features / pixels).item() < 2
+
+
 def test_omniglot_sized_mann_reads_800_features():
     mann = MANN(PIXELS + 5, 5, encoder="conv")
     assert mann.encoder == "conv" and mann.image_size == SIZE

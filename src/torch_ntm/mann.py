@@ -96,10 +96,16 @@ class ConvEncoder(nn.Module):
             side, width = (side + 2 - 4) // 2 + 1, channels
         self.convs = nn.ModuleList(convs)
         self.output_size = width * side * side + input_size - pixels
+        self.reset_parameters()
 
     def reset_parameters(self) -> None:
+        """He's initialisation for ReLU layers (normal, variance 2 / fan-in; biases 0), which
+        keeps the features at the pixels' scale: on Omniglot episodes their root mean square is
+        0.16 against the pixels' 0.20, where torch's default gives 0.05, 8x less input to the
+        controller over 800 features than the 400 pixels give it."""
         for conv in self.convs:
-            conv.reset_parameters()
+            nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
+            nn.init.zeros_(conv.bias)
 
     def forward(self, x: Tensor) -> Tensor:
         """``[..., input_size]`` -> ``[..., output_size]``."""
