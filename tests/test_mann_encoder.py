@@ -42,21 +42,24 @@ def conv_reference(image: np.ndarray, weight: np.ndarray, bias: np.ndarray) -> n
     return np.maximum(out, 0)
 
 
-def test_conv_encoder_equals_the_loop_reference():
+@pytest.mark.parametrize("keep_pixels", [False, True])
+def test_conv_encoder_equals_the_loop_reference(keep_pixels):
     """Leading dimensions kept; the image read row by row from the first SIDE^2 values; the
-    feature maps flattened channel by channel; the label values appended unchanged."""
+    feature maps flattened channel by channel; the label values (or with ``keep_pixels`` the
+    whole step) appended unchanged."""
     torch.manual_seed(0)
-    encoder = ConvEncoder(IN, SIDE, dtype=torch.float64)
+    encoder = ConvEncoder(IN, SIDE, keep_pixels=keep_pixels, dtype=torch.float64)
     x = rand(2, 3, IN) - 0.3
     y = encoder(x)
     assert y.shape == (2, 3, encoder.output_size)
-    assert encoder.output_size == CONV_CHANNELS[-1] * 1 * 1 + LABELS  # 6 -> 3 -> 1
+    kept = IN if keep_pixels else LABELS
+    assert encoder.output_size == CONV_CHANNELS[-1] * 1 * 1 + kept  # 6 -> 3 -> 1
     weights = [(c.weight.detach().numpy(), c.bias.detach().numpy()) for c in encoder.convs]
     for index in np.ndindex(2, 3):
         maps = x[index][:SIDE * SIDE].numpy().reshape(1, SIDE, SIDE)
         for weight, bias in weights:
             maps = conv_reference(maps, weight, bias)
-        expected = np.concatenate([maps.reshape(-1), x[index][SIDE * SIDE:].numpy()])
+        expected = np.concatenate([maps.reshape(-1), x[index][IN - kept:].numpy()])
         np.testing.assert_allclose(y[index].detach().numpy(), expected, rtol=1e-12, atol=1e-12)
 
 
@@ -92,10 +95,12 @@ def test_omniglot_sized_mann_reads_800_features():
     assert mann.features.output_size == 805
     assert mann.controller.cells[0].weight_ih.shape[1] == 805 + 4 * 40
     assert MANN(PIXELS + 5, 5).features is None  # the paper's: the pixels themselves
+    both = MANN(PIXELS + 5, 5, encoder="conv+pixels")
+    assert both.features.output_size == 800 + 405 and both.features.keep_pixels
 
 
 @pytest.mark.parametrize("options, message", [
-    ({"encoder": "cnn"}, "unknown encoder 'cnn'; valid choices: none, conv"),
+    ({"encoder": "cnn"}, "unknown encoder 'cnn'; valid choices: none, conv, conv\\+pixels"),
     ({"encoder": "conv", "image_size": 7}, "image_size=7 needs 49 input values per step"),
     ({"encoder": "conv", "image_size": 3}, "image_size must be >= 4"),
     ({"encoder": "conv", "image_size": 0}, "image_size"),
@@ -105,10 +110,10 @@ def test_bad_encoder_options(options, message):
         MANN(IN, 3, **options)
 
 
-def build(seed: int = 0) -> MANN:
+def build(seed: int = 0, encoder: str = "conv") -> MANN:
     torch.manual_seed(seed)
     return MANN(IN, 3, controller_size=8, memory_size=7, memory_width=5, read_heads=2,
-                learned_beta=True, encoder="conv", image_size=SIDE, dtype=torch.float64)
+                learned_beta=True, encoder=encoder, image_size=SIDE, dtype=torch.float64)
 
 
 def run(mann: MANN, engine: str, x: torch.Tensor):
@@ -121,10 +126,11 @@ def run(mann: MANN, engine: str, x: torch.Tensor):
 
 
 @native_only
-def test_native_engine_equals_the_eager_loop():
+@pytest.mark.parametrize("encoder", ["conv", "conv+pixels"])
+def test_native_engine_equals_the_eager_loop(encoder):
     """Values, and the gradients of every parameter (the convolutions' among them) and of the
     input, in float64."""
-    mann = build()
+    mann = build(encoder=encoder)
     assert mann.runs_on(torch.zeros(5, 3, IN, dtype=torch.float64)) == "native"
     x = rand(5, 3, IN, seed=2)
     (y, dx, grads), (y_e, dx_e, grads_e) = run(mann, "native", x), run(mann, "eager", x)

@@ -229,7 +229,7 @@ def test_command_line_errors_are_one_line(tmp_path, capsys):
 # Training
 
 
-@pytest.mark.parametrize("extra", ["engine=eager", "encoder=conv"])
+@pytest.mark.parametrize("extra", ["engine=eager", "encoder=conv+pixels"])
 def test_cross_entropy_falls(tmp_path, extra):
     """100 steps of a small MANN on 2-class episodes: the training cross-entropy falls (the
     paper's controller on the eager loop; the convolutions in front of it on the default

@@ -56,8 +56,9 @@ ENGINES = engines.ENGINES
 WRITE_VECTORS = ("add", "key")
 
 # What the controller reads of an input step: "none", the step itself (the paper); "conv", the
-# image that opens the step through `ConvEncoder`'s two convolutions, then the rest of the step.
-ENCODERS = ("none", "conv")
+# image that opens the step through `ConvEncoder`'s two convolutions, then the rest of the step;
+# "conv+pixels", those features, then the whole step (pixels too).
+ENCODERS = ("none", "conv", "conv+pixels")
 CONV_CHANNELS = (16, 32)  # feature maps of `ConvEncoder`'s two layers
 
 
@@ -68,17 +69,20 @@ class ConvEncoder(nn.Module):
     episode's 20 x 20 pixels); two convolutions, each 4 x 4 with stride 2 and padding 1 and
     followed by ReLU, give ``CONV_CHANNELS`` feature maps of half the side each time (20 x 20 ->
     16 x 10 x 10 -> 32 x 5 x 5), flattened channel by channel; the rest of the step (the
-    previous label) follows them unchanged. ``output_size`` is the width of the result (800 + 5
-    on Omniglot's 405). Weights shared over positions are what let features of strokes seen in
+    previous label) follows them unchanged, or with ``keep_pixels`` the whole step does, pixels
+    included. ``output_size`` is the width of the result (800 + 5 on Omniglot's 405; 800 + 405
+    keeping the pixels). Weights shared over positions are what let features of strokes seen in
     some alphabets serve others, which the paper's controller, reading the pixels through one
     dense layer, must learn anew at every position.
 
     Args:
         input_size: width of an input step (the image and what follows it).
         image_size: side of the square image (>= 4).
+        keep_pixels: the pixels follow the features (the controller reads both).
     """
 
-    def __init__(self, input_size: int, image_size: int, device=None, dtype=None) -> None:
+    def __init__(self, input_size: int, image_size: int, keep_pixels: bool = False,
+                 device=None, dtype=None) -> None:
         super().__init__()
         pixels = positive_int("image_size", image_size) ** 2
         if image_size < 4:
@@ -88,14 +92,14 @@ class ConvEncoder(nn.Module):
             raise ValueError(f"image_size={image_size} needs {pixels} input values per step for "
                              f"its image, but input_size is {input_size}: give the side of the "
                              f"square image that opens each step")
-        self.image_size = image_size
+        self.image_size, self.keep_pixels = image_size, keep_pixels
         convs, side, width = [], image_size, 1
         for channels in CONV_CHANNELS:
             convs.append(nn.Conv2d(width, channels, 4, stride=2, padding=1, device=device,
                                    dtype=dtype))
             side, width = (side + 2 - 4) // 2 + 1, channels
         self.convs = nn.ModuleList(convs)
-        self.output_size = width * side * side + input_size - pixels
+        self.output_size = width * side * side + input_size - (0 if keep_pixels else pixels)
         self.reset_parameters()
 
     def reset_parameters(self) -> None:
@@ -113,7 +117,8 @@ class ConvEncoder(nn.Module):
         image = x[..., :side * side].reshape(-1, 1, side, side)
         for conv in self.convs:
             image = torch.relu(conv(image))
-        return torch.cat([image.reshape(*x.shape[:-1], -1), x[..., side * side:]], -1)
+        rest = x if self.keep_pixels else x[..., side * side:]
+        return torch.cat([image.reshape(*x.shape[:-1], -1), rest], -1)
 
 
 class MANNState(NamedTuple):
@@ -202,8 +207,8 @@ class _MANNBase(nn.Module):
                                    usage_decay, write_vector, learned_beta, encoder,
                                    image_size).checked()
         # what the controller reads of a step (`encode`): None, the step itself
-        self.features = (ConvEncoder(input_size, image_size, **factory) if encoder == "conv"
-                         else None)
+        self.features = (None if encoder == "none" else ConvEncoder(
+            input_size, image_size, keep_pixels=encoder == "conv+pixels", **factory))
         features = input_size if self.features is None else self.features.output_size
 
         h, m = self.read_heads, self.memory_width
@@ -364,8 +369,9 @@ class MANN(SequenceModel, _MANNBase):
             similarities; True lets each read head emit a key strength ``softplus(.)``.
         encoder: what the controller reads of each input step (`ENCODERS`): ``"none"``
             (default) the step itself, as in the paper; ``"conv"`` the `ConvEncoder` features
-            of the image that opens the step, then the rest of the step.
-        image_size: side of that image with ``encoder="conv"`` (default 20: an Omniglot
+            of the image that opens the step, then the rest of the step; ``"conv+pixels"``
+            those features, then the whole step.
+        image_size: side of that image with a ``"conv"`` encoder (default 20: an Omniglot
             episode's 20 x 20 pixels, the first 400 values of each step); unused without it.
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
