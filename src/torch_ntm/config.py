@@ -67,7 +67,7 @@ class TrainConfig(NTMOptions):
     usage_decay: float = MANNOptions.usage_decay
     write_vector: str = MANNOptions.write_vector
     learned_beta: bool = MANNOptions.learned_beta
-    encoder: str = MANNOptions.encoder  # "conv": convolutions over the image of each step
+    encoder: str = MANNOptions.encoder  # "conv", "conv+pixels": convolutions over each image
     image_size: int = MANNOptions.image_size  # its side (the first image_size ** 2 values)
     # DNC only: K of the sparse temporal link matrix (the paper's approximation); 0: the exact one.
     sparse_link: int = 0

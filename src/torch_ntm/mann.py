@@ -71,9 +71,11 @@ class ConvEncoder(nn.Module):
     16 x 10 x 10 -> 32 x 5 x 5), flattened channel by channel; the rest of the step (the
     previous label) follows them unchanged, or with ``keep_pixels`` the whole step does, pixels
     included. ``output_size`` is the width of the result (800 + 5 on Omniglot's 405; 800 + 405
-    keeping the pixels). Weights shared over positions are what let features of strokes seen in
-    some alphabets serve others, which the paper's controller, reading the pixels through one
-    dense layer, must learn anew at every position.
+    keeping the pixels). Weights shared over positions are meant to let features of strokes
+    seen in some alphabets serve others, where the paper's controller, reading the pixels
+    through one dense layer, learns them at every position anew; on the embedded Omniglot
+    alphabets they did not (docs/results/omniglot.md: "conv" stayed on the plateau, and
+    "conv+pixels" scored the unseen alphabets below the pixels alone).
 
     Args:
         input_size: width of an input step (the image and what follows it).
@@ -231,8 +233,9 @@ class _MANNBase(nn.Module):
 
     def encode(self, x: Tensor) -> Tensor:
         """What the controller reads of input steps ``[..., input_size]``: ``x`` itself, or its
-        `ConvEncoder` features with ``encoder="conv"``. A function of each step alone, so the
-        engines encode a whole sequence at once and the loop one step at a time."""
+        `ConvEncoder` features (and the step) with a ``"conv"`` encoder. A function of each
+        step alone, so the engines encode a whole sequence at once and the loop one step at a
+        time."""
         return x if self.features is None else self.features(x)
 
     def extra_repr(self) -> str:
