@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from test_omniglot_cli import TINY  # the Omniglot CLI tests' small run
 
 from torch_ntm import MANN
 from torch_ntm.config import ConfigError
@@ -174,11 +175,8 @@ def test_trains_from_the_command_line(tmp_path, capsys):
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.cli import main
 
-    tiny = ["memory_size=16", "memory_width=8", "controller_size=16", "max_sequences=32",
-            "batch_size=4", "eval_every=4", "eval_sequences=8", "task.classes=3",
-            "encoder=conv"]
     run_dir = tmp_path / "run"
-    sets = [arg for kv in tiny for arg in ("--set", kv)]
+    sets = [arg for kv in [*TINY, "task.classes=3", "encoder=conv"] for arg in ("--set", kv)]
     assert main(["train", "omniglot", *sets, "--out", str(run_dir), "--no-progress",
                  "--no-plots"]) == 0
     checkpoint = load_checkpoint(run_dir)
