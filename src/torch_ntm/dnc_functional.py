@@ -45,13 +45,14 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from torch_ntm.functional import content_weights, read, write
+from torch_ntm.functional import content_weights, product, read, write
 
 __all__ = [
     "content_weights",
     "retention",
     "usage",
     "allocation",
+    "exclusive_cumprod",
     "write_allocations",
     "write_weights",
     "write",
@@ -83,7 +84,7 @@ def retention(free_gates: Tensor, w_read_prev: Tensor) -> Tensor:
     Returns:
         ``[B, N]`` psi_t, in [0, 1] when the inputs are in their ranges.
     """
-    return torch.prod(1.0 - free_gates.unsqueeze(-1) * w_read_prev, dim=1)
+    return product(1.0 - free_gates.unsqueeze(-1) * w_read_prev, dim=1)
 
 
 def usage(usage_prev: Tensor, w_write_prev: Tensor, psi: Tensor) -> Tensor:
@@ -102,7 +103,7 @@ def usage(usage_prev: Tensor, w_write_prev: Tensor, psi: Tensor) -> Tensor:
     Returns:
         ``[B, N]`` usage u_t, in [0, 1] when the inputs are in their ranges.
     """
-    written = 1.0 - torch.prod(1.0 - w_write_prev, dim=1)  # (B, N)
+    written = 1.0 - product(1.0 - w_write_prev, dim=1)  # (B, N)
     return (usage_prev + written - usage_prev * written) * psi
 
 
@@ -122,10 +123,76 @@ def allocation(usage: Tensor) -> Tensor:
     """
     order = torch.argsort(usage.detach(), dim=-1, stable=True)  # (B, N): phi, least used first
     sorted_usage = usage.gather(-1, order)
-    # exclusive cumulative product: prod_{i<j} u[phi_i], 1 for j = 1
-    before = torch.cumprod(torch.cat([torch.ones_like(sorted_usage[..., :1]),
-                                      sorted_usage[..., :-1]], dim=-1), dim=-1)
+    before = exclusive_cumprod(sorted_usage)  # prod_{i<j} u[phi_i], 1 for j = 1
     return torch.zeros_like(usage).scatter(-1, order, (1.0 - sorted_usage) * before)
+
+
+def exclusive_cumprod(x: Tensor) -> Tensor:
+    """The exclusive cumulative product over the last dimension, ``out[..., j] = prod_{i<j}
+    x[..., i]`` (1 for j = 0): `torch.cumprod`'s values, with a backward that never asks the
+    host anything. torch's backward of ``cumprod`` checks on the host whether an entry is
+    zero, which a CUDA graph cannot capture (`torch_ntm.engines.graphs`); this one is exact
+    through zeros too (`_ExclusiveCumprod`).
+
+    Args:
+        x: ``[..., N]``, N >= 1.
+
+    Returns:
+        ``[..., N]``.
+    """
+    if torch.compiler.is_compiling():  # torch.export and the compiler trace torch's own
+        return torch.cumprod(torch.cat([torch.ones_like(x[..., :1]), x[..., :-1]], -1), -1)
+    return _ExclusiveCumprod.apply(x)
+
+
+def _affine_scan(a: Tensor, b: Tensor) -> Tensor:
+    """``s`` with ``s[..., 0] = a[..., 0]`` and ``s[..., m] = a[..., m] + b[..., m] s[..., m-1]``
+    over the last dimension, as a scan of ``ceil(log2 N)`` steps of multiplications and
+    additions (Hillis and Steele), each composing every affine map with the one ``span``
+    entries before it."""
+    n, span = a.shape[-1], 1
+    while span < n:
+        a = torch.cat([a[..., :span], a[..., span:] + b[..., span:] * a[..., :-span]], -1)
+        b = torch.cat([b[..., :span], b[..., span:] * b[..., :-span]], -1)
+        span *= 2
+    return a
+
+
+class _ExclusiveCumprod(torch.autograd.Function):
+    """``y_j = prod_{i<j} x_i`` with the gradient ``dL/dx_i = y_i S_i``, where
+    ``S_i = sum_{j>i} g_j prod_{i<k<j} x_k`` obeys ``S_i = g_{i+1} + x_{i+1} S_{i+1}``
+    (``S_{N-1} = 0``): a linear recurrence, run as a scan backwards over the row
+    (`_affine_scan`). No division, so zeros need no branch; the backward is made of
+    differentiable ops, so a second derivative goes through it; `torch.func` transforms
+    (``vmap`` included) see it as plain ops."""
+
+    generate_vmap_rule = True
+
+    @staticmethod
+    def forward(x: Tensor) -> Tensor:
+        return torch.cumprod(torch.cat([torch.ones_like(x[..., :1]), x[..., :-1]], -1), -1)
+
+    @staticmethod
+    def setup_context(ctx, inputs: tuple, output: Tensor) -> None:
+        ctx.save_for_backward(inputs[0], output)
+        ctx.save_for_forward(inputs[0], output)
+
+    @staticmethod
+    def jvp(ctx, dx: Tensor) -> Tensor:
+        # dy_{j+1} = x_j dy_j + y_j dx_j, dy_0 = 0: the same recurrence, forwards
+        x, y = ctx.saved_tensors
+        zero = torch.zeros_like(dx[..., :1])
+        return _affine_scan(torch.cat([zero, (y * dx)[..., :-1]], -1),
+                            torch.cat([zero, x[..., :-1]], -1))
+
+    @staticmethod
+    def backward(ctx, g: Tensor) -> Tensor:
+        x, y = ctx.saved_tensors
+        zero = torch.zeros_like(g[..., :1])
+        # reversed, S'_m = S_{N-1-m} = a_m + b_m S'_{m-1}, a_m = g_{N-m}, b_m = x_{N-m}, S'_0 = 0
+        a = torch.cat([zero, g[..., 1:].flip(-1)], -1)
+        b = torch.cat([zero, x[..., 1:].flip(-1)], -1)
+        return y * _affine_scan(a, b).flip(-1)
 
 
 def write_allocations(usage: Tensor, gates: Tensor) -> Tensor:

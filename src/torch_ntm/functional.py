@@ -40,6 +40,7 @@ __all__ = [
     "address",
     "read",
     "write",
+    "product",
     "USAGE_DECAY",
     "update_usage",
     "least_used",
@@ -200,8 +201,27 @@ def write(memory: Tensor, w: Tensor, erase: Tensor, add: Tensor) -> Tensor:
     if w.shape[1] == 1:
         keep = 1.0 - wt * erase  # (B, N, M): outer product w e^T
     else:
-        keep = torch.prod(1.0 - wt.unsqueeze(-1) * erase.unsqueeze(1), dim=2)  # (B, N, M)
+        keep = product(1.0 - wt.unsqueeze(-1) * erase.unsqueeze(1), dim=2)  # (B, N, M)
     return memory * keep + torch.matmul(wt, add)
+
+
+def product(x: Tensor, dim: int) -> Tensor:
+    """``torch.prod(x, dim)`` as a chain of multiplications over the (few) entries along
+    ``dim``: the same values and gradients, also through exact zeros, without torch's backward
+    of ``prod``, which asks the host whether an entry is zero and so cannot be captured in a CUDA
+    graph (`torch_ntm.engines.graphs`). For products over heads, a handful of terms.
+
+    Args:
+        x: any tensor (no entry along ``dim``: ones, the empty product).
+        dim: the dimension multiplied over (removed).
+    """
+    factors = x.unbind(dim)
+    if not factors:
+        return x.sum(dim) + 1.0
+    result = factors[0]
+    for factor in factors[1:]:
+        result = result * factor
+    return result
 
 
 # ------------------------------------------------------------------------------------------------
