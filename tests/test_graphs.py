@@ -11,6 +11,7 @@ import torch
 from torch.utils import _pytree as pytree
 
 from torch_ntm import DNC, MANN, NTM, engines
+from torch_ntm.baseline import LSTMBaseline
 from torch_ntm.engines import graphs
 
 
@@ -37,7 +38,13 @@ def _models():
              dtype=torch.float64, engine="eager"),
         DNC(5, 4, controller_size=11, memory_size=7, memory_width=5, read_heads=2, write_heads=2,
             dtype=torch.float64, engine="eager"),
+        DNC(5, 4, controller_size=11, memory_size=7, memory_width=5, read_heads=2, write_heads=2,
+            sparse_link=3, dtype=torch.float64, engine="eager"),
+        LSTMBaseline(5, 4, hidden_size=11, num_layers=2, dtype=torch.float64, engine="eager"),
     ]
+
+
+MODEL_IDS = ["ntm", "ntm-feedforward", "mann", "dnc", "dnc-sparse", "lstm-baseline"]
 
 
 def _loss(y, state):
@@ -80,7 +87,7 @@ def _assert_same(a, b):
             torch.testing.assert_close(gb[name], ga[name], rtol=1e-12, atol=1e-13, msg=name)
 
 
-@pytest.mark.parametrize("which", [0, 1, 2, 3], ids=["ntm", "ntm-feedforward", "mann", "dnc"])
+@pytest.mark.parametrize("which", range(6), ids=MODEL_IDS)
 def test_masked_padding_leaves_outputs_state_and_gradients_as_unpadded(which):
     # The padded steps hold garbage, not zeros: the mask alone must keep them out.
     model = _models()[which]
@@ -110,12 +117,13 @@ def _cpu_capture(captures):
     def capture(fn, inputs, params, grad):
         captures.append(len(inputs))
         static = [t.detach().clone().requires_grad_(t.requires_grad) for t in inputs]
-        wrt = [t for t in static if t.requires_grad] + params if grad else []
+        weights = [p.detach().requires_grad_(grad) for p in params]  # on the parameters' storage
+        wrt = [t for t in static if t.requires_grad] + weights if grad else []
         box = graphs._Graphs(static, [], None)
 
         def forward():  # what the forward graph computes: fn's outputs from the static inputs
             with torch.set_grad_enabled(grad):
-                box.live = fn(*static)
+                box.live = fn(*static, *weights)
             for o, new in zip(box.outputs, box.live):
                 o.copy_(new)
 
@@ -130,7 +138,7 @@ def _cpu_capture(captures):
                     slot.copy_(g)
 
         with torch.set_grad_enabled(grad):
-            box.live = fn(*static)
+            box.live = fn(*static, *weights)
         box.outputs = [o.detach().clone() for o in box.live]
         box.forward = _Replayed(forward)
         if grad:
@@ -143,14 +151,16 @@ def _cpu_capture(captures):
     return capture
 
 
-@pytest.mark.parametrize("which", [0, 2, 3], ids=["ntm", "mann", "dnc"])
+@pytest.mark.parametrize("which", [0, 2, 3, 4, 5], ids=[MODEL_IDS[i] for i in (0, 2, 3, 4, 5)])
 def test_replayed_sequence_matches_eager_and_captures_once_per_bucket(which, monkeypatch):
     model = _models()[which]
     captures = []
     monkeypatch.setattr(graphs, "_capture", _cpu_capture(captures))
 
     def on_graphs(x, state):
-        return graphs.forward(model, x, state, model._step)
+        loop = getattr(model, "_loop_state", lambda s: s)  # the DNC's sparse link, as forward
+        y, final = graphs.forward(model, x, loop(state), model._step)
+        return y, getattr(model, "_public_state", lambda s: s)(final)
 
     for T in (6, 7, 3):  # buckets 8, 8, 8: one capture
         x = torch.randn(T, 3, 5, dtype=torch.float64)
@@ -204,14 +214,31 @@ def test_a_failed_capture_is_said_once_and_that_shape_runs_eager(monkeypatch, ca
         raise RuntimeError("operation not permitted when stream is capturing")
 
     monkeypatch.setattr(graphs, "_capture", failing)
+    model.engine = "graphs"
     x = torch.randn(6, 3, 5, dtype=torch.float64)
     with caplog.at_level(logging.WARNING, logger="torch_ntm.engines"):
         for _ in range(2):
             _assert_same(_grads(model, x, _eager(model)),
                          _grads(model, x, lambda x, s: graphs.forward(model, x, s, model._step)))
+        assert "could not capture a sequence of 8 steps at batch 3" in graphs.why_not(model, x)
+        # another batch size is another shape
+        assert "could not capture" not in graphs.why_not(model, x[:, :2])
+        engines.choose(model, x, None)  # what runs_on asks: said already, not again
     assert len(calls) == 1  # not tried again for that shape
     said = [r.getMessage() for r in caplog.records if "could not capture" in r.getMessage()]
     assert len(said) == 1 and "8 steps" in said[0] and "operation not permitted" in said[0]
+
+
+def test_the_lstm_baselines_step_is_nn_lstms():
+    """The graphs engine runs `LSTMBaseline._step` (torch.lstm_cell with nn.LSTM's weights);
+    eager runs nn.LSTM itself: the same outputs, final state and gradients in float64."""
+    model = _models()[5]
+    x = torch.randn(6, 3, 5, dtype=torch.float64)
+
+    def lstm(x, state):
+        return model(x, state)
+
+    _assert_same(_grads(model, x, _eager(model)), _grads(model, x, lstm))
 
 
 def test_graphs_engine_serves_cuda_inputs_only_and_says_why_not(caplog):
@@ -234,18 +261,109 @@ cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA is not ava
 
 
 @cuda
-@pytest.mark.parametrize("which", [0, 2, 3], ids=["ntm", "mann", "dnc"])
-def test_cuda_graphs_match_eager_and_capture_once_per_bucket(which):
-    # The real capture (scripts/gpu_check.sh runs this on a GPU): float64, two lengths of one
-    # bucket and one of another, gradients included; then the same shapes replay, no capture.
-    model = _models()[which].to("cuda")
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32], ids=["f64", "f32"])
+@pytest.mark.parametrize("which", range(6), ids=MODEL_IDS)
+def test_cuda_graphs_match_eager_and_capture_once_per_bucket(which, dtype):
+    # The real capture (scripts/gpu_check.sh runs this on a GPU): two lengths of one bucket and
+    # one of another, gradients included, from the initial state and from one passed in; then
+    # the same shapes replay, no capture.
+    model = _models()[which].to("cuda", dtype)
     model.engine = "graphs"
     for T in (6, 7, 9, 6):
-        x = torch.randn(T, 3, 5, dtype=torch.float64, device="cuda")
+        x = torch.randn(T, 3, 5, dtype=dtype, device="cuda")
         assert model.runs_on(x) == "graphs"
-        _assert_same(_grads(model, x, _eager(model)),
-                     _grads(model, x, lambda x, s: model(x, s)))
+        got = _grads(model, x, lambda x, s: model(x, s))
+        expected = _grads(model, x, _eager(model))
+        if dtype == torch.float64:
+            _assert_same(expected, got)
+        else:
+            torch.testing.assert_close(got[0], expected[0], rtol=1e-4, atol=1e-5)
+        assert model.runs_on(x) == "graphs", graphs.why_not(model, x)
     assert len(graphs._GRAPHS[model]) == 2
+
+
+def _forward_backward(model, x):
+    y, _ = model(x)
+    y.square().sum().backward()
+    return y
+
+
+@cuda
+def test_cuda_capture_with_an_earlier_eager_graph_alive_and_a_fused_optimizer():
+    # A loss kept from an eager pass (its autograd graph alive: the parameters' gradient
+    # accumulators on the default stream) used to fail the capture; then a fused Adam, a model
+    # moved to the CPU and back, and parameters replaced.
+    model = _models()[0].to("cuda")
+    x = torch.randn(6, 3, 5, dtype=torch.float64, device="cuda")
+    model.engine = "eager"
+    kept, _ = model(x)  # not backward: its graph stays
+    model.engine = "graphs"
+    optimizer = torch.optim.Adam(model.parameters(), lr=1e-3, fused=True)
+    for _ in range(3):
+        optimizer.zero_grad()
+        _forward_backward(model, x)
+        optimizer.step()
+        assert model.runs_on(x) == "graphs" and graphs._GRAPHS[model]
+    assert kept.grad_fn is not None  # alive all along
+    del kept
+    model.cpu().cuda()
+    with torch.no_grad():
+        model.output.weight = torch.nn.Parameter(model.output.weight.clone())
+    got = _grads(model, x, lambda x, s: model(x, s))
+    _assert_same(_grads(model, x, _eager(model)), got)
+    assert model.runs_on(x) == "graphs" and len(graphs._GRAPHS[model]) == 1
+
+
+class _FailsUnderCapture(NTM):
+    """An NTM whose step reads a value on the host while a CUDA graph is captured (``how``:
+    "sync", a real capture failure) or raises there ("raise"), and runs fine otherwise."""
+
+    how = "sync"
+
+    def _step(self, x, state):
+        if torch.cuda.is_current_stream_capturing():
+            if self.how == "sync":
+                x = x * float(x.sum() > 0)
+            else:
+                raise RuntimeError("not capturable")
+        return super()._step(x, state)
+
+
+@cuda
+@pytest.mark.parametrize("how", ["sync", "raise"])
+def test_cuda_failed_capture_leaves_the_process_as_it_was(how, caplog):
+    torch.manual_seed(0)
+    warm = _models()[0].cuda()  # the engine's side streams made, with their workspaces
+    warm.engine = "graphs"
+    _forward_backward(warm, torch.randn(6, 3, 5, dtype=torch.float64, device="cuda"))
+    model = _FailsUnderCapture(5, 4, controller_size=11, memory_size=7, memory_width=5,
+                               dtype=torch.float64, device="cuda")
+    model.how = how
+    x = torch.randn(6, 3, 5, dtype=torch.float64, device="cuda")
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
+    torch.cuda.manual_seed(7)
+    expected_random = torch.randn(4, device="cuda")
+    torch.cuda.manual_seed(7)
+    stream = torch.cuda.current_stream()
+    with caplog.at_level(logging.WARNING, logger="torch_ntm.engines"):
+        assert model.runs_on(x) == "graphs"
+        got = _grads(model, x, lambda x, s: model(x, s))
+        assert model.runs_on(x) == "eager"
+        again = _grads(model, x, lambda x, s: model(x, s))
+    said = [r.getMessage() for r in caplog.records if "could not capture" in r.getMessage()]
+    assert len(said) == 1
+    assert torch.cuda.current_stream() == stream
+    # the RNG as before the capture: the same numbers as without it, and nn.init works
+    torch.testing.assert_close(torch.randn(4, device="cuda"), expected_random)
+    torch.nn.init.normal_(torch.empty(3, device="cuda"))
+    model.engine = "eager"
+    _assert_same(_grads(model, x, _eager(model)), got)
+    _assert_same(got, again)
+    del got, again
+    graphs._GRAPHS.pop(model, None)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_allocated() == allocated
 
 
 def test_hooks_inside_the_model_keep_it_off_the_graphs_engine():

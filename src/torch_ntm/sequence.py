@@ -52,8 +52,10 @@ class SequenceModel:
     def runs_on(self, x: Tensor) -> str:
         """The engine that `forward` runs on input ``x`` (time-major or batch first, as
         `forward` takes it): ``"native"``, ``"graphs"`` or ``"eager"``
-        (`torch_ntm.engines.choose`)."""
-        return engines.choose(self, x, self._native_call)
+        (`torch_ntm.engines.choose`). On a GPU, a shape whose capture failed is ``"eager"``
+        from then on."""
+        steps = x.transpose(0, 1) if self.batch_first and x.dim() == 3 else x
+        return engines.choose(self, steps, self._native_call)
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
@@ -112,11 +114,12 @@ class SequenceModel:
         if torch.compiler.is_exporting():
             return self._forward_scan(x, state)
         x, state = self._prepare(x, state)  # time-major, checked
-        engine = self.runs_on(x)
+        engine = engines.choose(self, x, self._native_call)
         if engine == "native":
             y, state = self._native_engine.forward(self, x, state)
         elif engine == "graphs":
-            y, state = graphs.forward(self, x, state, self._step)
+            y, state = graphs.forward(self, x, self._loop_state(state), self._step)
+            state = self._public_state(state)
         else:
             outputs = []
             state = self._loop_state(state)

@@ -34,7 +34,8 @@ from torch import Tensor
 from torch_ntm.engines import library
 
 __all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
-           "first_order_only", "lstm_gate_order", "lstm_input_side", "prepare", "say_once"]
+           "first_order_only", "lstm_gate_order", "lstm_input_side", "prepare", "say_eager",
+           "say_once"]
 
 ENGINES = ("auto", "native", "graphs", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
@@ -110,9 +111,14 @@ def choose(model: torch.nn.Module, x: Tensor, kernels) -> str:
     why = graphs.why_not(model, x) if wanted == "graphs" else _why_not_native(model, x, kernels)
     if why is None:
         return wanted
-    say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
-              f"engine: {why}")
+    say_eager(model, why)
     return "eager"
+
+
+def say_eager(model: torch.nn.Module, why: str) -> None:
+    """Says once (`say_once`) that ``model``'s call runs on the eager engine, and ``why``."""
+    say_once(f"{type(model).__name__} engine {model.engine!r} runs this call on the eager "
+             f"engine: {why}")
 
 
 def prepare(model: str, dtype: torch.dtype = torch.float32) -> None:
