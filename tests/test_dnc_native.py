@@ -66,20 +66,49 @@ def loss_of(y: torch.Tensor, state: DNCState) -> torch.Tensor:
     return total
 
 
-def run(dnc: DNC, engine: str, x: torch.Tensor, state: DNCState | None = None):
-    """Outputs, final state, and the gradients of the parameters, of x and of the state."""
+def run(dnc: DNC, engine: str, x: torch.Tensor, state: DNCState | None = None,
+        fresh: bool = False):
+    """Outputs, final state, and the gradients of the parameters, of x and of the state (with
+    ``fresh``, of a loss that sees the final state `by_usage`, whatever the order of rows that
+    tie)."""
     dnc.engine = engine
     assert dnc.runs_on(x) == engine
     x = x.detach().clone().requires_grad_()
     given = None if state is None else leaf_state(state)
     y, final = dnc(x, given)
     wrt = [*dnc.parameters(), x, *([] if given is None else [*given.controller, *given[1:]])]
-    grads = torch.autograd.grad(loss_of(y, final), wrt, allow_unused=True)
+    loss = loss_of(y, by_usage(final) if fresh else final)
+    grads = torch.autograd.grad(loss, wrt, allow_unused=True)
     return y.detach(), final.detach(), grads
 
 
-def assert_same(got, expected, **tol) -> None:
+def by_usage(state: DNCState) -> DNCState:
+    """``state`` with its memory rows in the order of their usage (and the link matrix's rows
+    and columns, and every weighting's entries, with them).
+
+    Rows that are equal in exact arithmetic (never written) come out of a batched matmul with
+    roundings that depend on their place in it and on the CPU's vector width, so one engine can
+    allocate the row that the other sees as tied with it, or as just ahead. Such rows hold the
+    same values: either choice gives the same outputs and parameter gradients, and the same
+    state but for the order of those rows. States from a fresh start are compared in this
+    order."""
+    order = state.usage.argsort(dim=-1, stable=True)  # [B, N]
+
+    def rows(t: torch.Tensor) -> torch.Tensor:  # [B, ..., N] along its last dimension
+        index = order.view(order.shape[0], *([1] * (t.dim() - 2)), -1).expand_as(t)
+        return t.gather(-1, index)
+
+    link = rows(rows(state.link).transpose(-1, -2)).transpose(-1, -2)
+    return state._replace(memory=rows(state.memory.transpose(1, 2)).transpose(1, 2),
+                          usage=rows(state.usage), link=link, precedence=rows(state.precedence),
+                          read_weights=rows(state.read_weights),
+                          write_weights=rows(state.write_weights))
+
+
+def assert_same(got, expected, exact_state: bool = True, **tol) -> None:
     (y, state, grads), (y_e, state_e, grads_e) = got, expected
+    if not exact_state:
+        state, state_e = by_usage(state), by_usage(state_e)
     torch.testing.assert_close(y, y_e, **tol)
     for name, a, b in zip(("h", "c"), state.controller, state_e.controller):
         torch.testing.assert_close(a, b, **tol, msg=lambda s, n=name: f"{n}: {s}")
@@ -105,12 +134,13 @@ CONFIGS = [
 
 @pytest.mark.parametrize("heads,batch,rows,width,seed", CONFIGS)
 def test_equals_the_eager_loop(heads, batch, rows, width, seed):
-    """From the empty initial state (every usage ties: the free list in row order) and from a
-    state passed in: values and the gradients of every parameter, of the input and of each
-    tensor of the state."""
+    """From the empty initial state (every usage ties: the free list in row order; the final
+    state compared `by_usage`) and from a state passed in: values and the gradients of every
+    parameter, of the input and of each tensor of the state."""
     dnc = build(seed, read_heads=heads, memory_size=rows, memory_width=width)
     x = rand(9, batch, IN, seed=seed + 10)
-    assert_same(run(dnc, "native", x), run(dnc, "eager", x), **TOL)
+    assert_same(run(dnc, "native", x, fresh=True), run(dnc, "eager", x, fresh=True),
+                exact_state=False, **TOL)
     state = random_state(dnc, batch, seed + 30)
     assert_same(run(dnc, "native", x, state), run(dnc, "eager", x, state), **TOL)
 
