@@ -29,7 +29,7 @@ from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES
 from torch_ntm.tasks import CopyTask
 
-__all__ = ["run_bench", "format_table", "DEFAULT_ENGINES", "MODELS"]
+__all__ = ["run_bench", "format_table", "DEFAULT_ENGINES", "DEFAULT_SIZES", "MODELS"]
 
 # The models the bench builds, each at its defaults but the memory rows.
 MODELS = ("ntm", "mann", "dnc")
@@ -111,10 +111,16 @@ class _Runner:
         return (time.perf_counter() - start) / steps
 
 
+# The batch and memory sizes measured unless asked otherwise, by device type: on the CPU the sizes
+# a CPU trains at; on a GPU those where it pays (its engine's replay costs about the same from
+# batch 16 to 1,024), sized so that the whole bench, eager included, takes a few minutes.
+DEFAULT_SIZES = {"cpu": ((1, 16, 64), (128, 1024)), "cuda": ((16, 256, 1024), (128,))}
+
+
 def run_bench(
-    batch_sizes=(1, 16, 64),
+    batch_sizes=None,
     seq_len: int = 20,
-    memory_sizes=(128, 1024),
+    memory_sizes=None,
     steps: int = 5,
     device="cpu",
     engines=DEFAULT_ENGINES,
@@ -126,9 +132,10 @@ def run_bench(
     """Measure training and inference throughput of each engine for each batch and memory size.
 
     Args:
-        batch_sizes: batch sizes B to measure.
+        batch_sizes: batch sizes B to measure (None: `DEFAULT_SIZES` for the device).
         seq_len: copy length L; every sequence has ``T = 2L + 1`` steps.
-        memory_sizes: memory rows N to measure (memory width 20, the paper's copy model).
+        memory_sizes: memory rows N to measure (memory width 20, the paper's copy model; None:
+            `DEFAULT_SIZES` for the device).
         steps: timed calls per repeat (training steps, and inference passes).
         device: where the model and data live.
         engines: any of `torch_ntm.engines.ENGINES` (``"auto"``, ``"native"``, ``"graphs"``,
@@ -146,6 +153,9 @@ def run_bench(
         allocations), ``threads`` and ``steps``.
     """
     device = torch.device(device)
+    default_batches, default_rows = DEFAULT_SIZES.get(device.type, DEFAULT_SIZES["cpu"])
+    batch_sizes = default_batches if batch_sizes is None else batch_sizes
+    memory_sizes = default_rows if memory_sizes is None else memory_sizes
     check_memory_size(min(memory_sizes), model)  # and the model's name
     for engine in engines:
         if engine not in ENGINES:
