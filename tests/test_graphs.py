@@ -4,7 +4,9 @@ out, the cache of graphs, a second derivative, a failed capture) with a stand-in
 capture that runs the same function; the engine's choice. The capture itself runs on a GPU
 (scripts/gpu_check.sh)."""
 
+import importlib.util
 import logging
+from pathlib import Path
 
 import pytest
 import torch
@@ -314,19 +316,14 @@ def test_cuda_capture_with_an_earlier_eager_graph_alive_and_a_fused_optimizer():
     assert model.runs_on(x) == "graphs" and len(graphs._GRAPHS[model]) == 1
 
 
-class _FailsUnderCapture(NTM):
-    """An NTM whose step reads a value on the host while a CUDA graph is captured (``how``:
-    "sync", a real capture failure) or raises there ("raise"), and runs fine otherwise."""
-
-    how = "sync"
-
-    def _step(self, x, state):
-        if torch.cuda.is_current_stream_capturing():
-            if self.how == "sync":
-                x = x * float(x.sum() > 0)
-            else:
-                raise RuntimeError("not capturable")
-        return super()._step(x, state)
+def _fails_under_capture():
+    """scripts/gpu_check.py's NTM whose step reads a value on the host while a CUDA graph is
+    captured (``how = "sync"``: a real capture failure) or raises there (``"raise"``)."""
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module._FailsUnderCapture
 
 
 @cuda
@@ -336,8 +333,8 @@ def test_cuda_failed_capture_leaves_the_process_as_it_was(how, caplog):
     warm = _models()[0].cuda()  # the engine's side streams made, with their workspaces
     warm.engine = "graphs"
     _forward_backward(warm, torch.randn(6, 3, 5, dtype=torch.float64, device="cuda"))
-    model = _FailsUnderCapture(5, 4, controller_size=11, memory_size=7, memory_width=5,
-                               dtype=torch.float64, device="cuda")
+    model = _fails_under_capture()(5, 4, controller_size=11, memory_size=7, memory_width=5,
+                                     dtype=torch.float64, device="cuda")
     model.how = how
     x = torch.randn(6, 3, 5, dtype=torch.float64, device="cuda")
     torch.cuda.synchronize()
