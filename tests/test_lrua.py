@@ -606,7 +606,7 @@ def test_wrong_input_shapes_name_expected_and_actual():
 def test_a_state_from_another_batch_size_or_model_is_rejected():
     mann = build()
     _, state = mann(inputs())
-    with pytest.raises(ValueError, match=r"state.controller .* another batch size"):
+    with pytest.raises(ValueError, match=r"state.memory has shape .* another batch size"):
         mann(inputs((T, B + 1, IN)), state)
     with pytest.raises(ValueError, match=r"state.memory has shape \[3, 7, 5\], expected"):
         build(memory_size=N + 1)(inputs(), state)
@@ -660,7 +660,7 @@ def test_options_are_one_list():
 
     fields = [f.name for f in dataclasses.fields(MANNOptions)]
     for cls in (MANN, MANNCell):
-        params = inspect.signature(cls.__init__).parameters
+        params = inspect.signature(cls).parameters
         kw = [n for n, p in params.items() if p.kind is p.KEYWORD_ONLY]
         assert kw[: len(fields)] == fields
     mann = build(write_vector="key")

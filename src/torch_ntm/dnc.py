@@ -27,7 +27,6 @@ How it differs from the paper, on purpose:
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass
 from typing import NamedTuple
 
@@ -36,20 +35,13 @@ from torch import Tensor, nn
 
 from torch_ntm import dnc_functional as dncf
 from torch_ntm import engines
-from torch_ntm.checks import (
-    cell_step,
-    check_input_dtype,
-    check_state_tensors,
-    choice,
-    describe_shapes,
-    one_dtype,
-    positive_int,
-    read_only_options,
-)
+from torch_ntm.base import Cell, MemoryModule
+from torch_ntm.checks import choice, positive_int
 from torch_ntm.controllers import CONTROLLERS
 from torch_ntm.engines import dnc as native
-from torch_ntm.layout import DNCLayout, DNCState
+from torch_ntm.layout import DNCLayout
 from torch_ntm.sequence import SequenceModel
+from torch_ntm.states import DNCState
 
 __all__ = ["DNC", "DNCCell", "DNCOptions", "DNCState", "DNCTrace", "ENGINES"]
 
@@ -105,112 +97,46 @@ class DNCOptions:
         return self
 
 
-@read_only_options(DNCOptions, renamed={"controller": "controller_type"})
-class _DNCBase(nn.Module):
-    """Parameters, initial state and the one-step update shared by `DNCCell` and `DNC`.
+class _DNCBase(MemoryModule):
+    """The DNC's spec on `torch_ntm.base.MemoryModule` (options, state, layout, step), shared
+    by `DNCCell` and `DNC`: both build exactly these parameters, so their `state_dict`s are
+    interchangeable."""
 
-    Both subclasses build exactly these submodules, so their `state_dict`s are interchangeable.
-    """
+    Options = DNCOptions
+    State = DNCState
 
-    def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
-                 controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
-                 memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
-                 sparse_link: int | None = None, device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.input_size = positive_int("input_size", input_size)
-        self.output_size = positive_int("output_size", output_size)
-        self.options = DNCOptions(controller, controller_size, controller_layers, memory_size,
-                                  memory_width, read_heads, write_heads, sparse_link).checked()
-        r, w = read_heads, memory_width
+    def _layout(self) -> DNCLayout:
         # the interface vector's fields and the memory access (torch_ntm.layout)
-        self.head_layout = DNCLayout(r, write_heads, w, sparse_link)
-        self.controller = CONTROLLERS[controller](input_size + r * w, controller_size,
-                                                  controller_layers, **factory)
-        self.head_params = nn.Linear(controller_size, self.head_layout.size, **factory)
-        self.output = nn.Linear(controller_size + r * w, output_size, **factory)
-        self.reads0 = nn.Parameter(torch.empty(r, w, **factory))  # learned r_0
-        self.reset_parameters()
+        opt = self.options
+        return DNCLayout(opt.read_heads, opt.write_heads, opt.memory_width, opt.sparse_link)
 
-    def reset_parameters(self) -> None:
-        """Re-initialise every parameter (called last in ``__init__``)."""
-        self.controller.reset_parameters()
-        self.head_params.reset_parameters()
-        self.output.reset_parameters()
+    def _build_own(self, factory: dict) -> None:
+        self.reads0 = nn.Parameter(torch.empty(self.read_heads, self.memory_width, **factory))
+
+    def _reset_own(self) -> None:
         nn.init.zeros_(self.reads0)  # the paper's r_0 = 0
 
-    def extra_repr(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
-        return f"{self.input_size}, {self.output_size}, {options}"
-
-    def config(self) -> dict:
-        """The constructor arguments (sizes and options) that rebuild this module's shape."""
-        return {"input_size": self.input_size, "output_size": self.output_size,
-                **dataclasses.asdict(self.options)}
-
-    def initial_state(self, batch_size: int, device=None, dtype=None) -> DNCState:
-        """The initial state for a batch: an empty memory, nothing read or written yet.
-
-        Memory, usage, link matrices, precedence and weightings are zero (the paper's u_0 = 0,
-        p_0 = 0, L_0 = 0); the read vectors (``reads0``) and the LSTM's ``(h, c)`` are learned.
-
-        Args:
-            batch_size: B.
-            device: defaults to the module parameters' device.
-            dtype: defaults to the module parameters' dtype.
-
-        Returns:
-            `DNCState` (shapes as documented there).
-        """
-        positive_int("batch_size", batch_size)
-        device = self.reads0.device if device is None else device
-        dtype = self.reads0.dtype if dtype is None else dtype
+    def _initial_state(self, batch_size: int, controller: tuple, device, dtype) -> DNCState:
+        """An empty memory, nothing read or written yet: memory, usage, link matrices,
+        precedence and weightings zero (the paper's u_0 = 0, p_0 = 0, L_0 = 0); the read
+        vectors (``reads0``) and the LSTM's ``(h, c)`` learned."""
         b, n, w = batch_size, self.memory_size, self.memory_width
         r, hw = self.read_heads, self.write_heads
 
         def zeros(*shape: int) -> Tensor:
             return torch.zeros(*shape, device=device, dtype=dtype)
 
-        return DNCState(
-            controller=tuple(t.to(device, dtype) for t in self.controller.initial_state(b)),
-            memory=zeros(b, n, w),
-            usage=zeros(b, n),
-            link=zeros(b, hw, n, n),
-            precedence=zeros(b, hw, n),
-            read_weights=zeros(b, r, n),
-            write_weights=zeros(b, hw, n),
-            reads=self.reads0.to(device, dtype).expand(b, -1, -1),
-        )
+        return DNCState(controller=controller, memory=zeros(b, n, w), usage=zeros(b, n),
+                        link=zeros(b, hw, n, n), precedence=zeros(b, hw, n),
+                        read_weights=zeros(b, r, n), write_weights=zeros(b, hw, n),
+                        reads=self.reads0.to(device, dtype).expand(b, -1, -1))
 
-    def _check_dtype(self, x: Tensor) -> None:
-        check_input_dtype(self, x, self.reads0.dtype)
-
-    def _check_state(self, state: DNCState, batch_size: int, ref: Tensor) -> None:
-        if not isinstance(state, DNCState):
-            raise TypeError(f"state must be a DNCState, got {type(state).__name__}")
+    def _state_shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
         b, n, w = batch_size, self.memory_size, self.memory_width
         r, hw = self.read_heads, self.write_heads
-        expected = {"memory": (b, n, w), "usage": (b, n), "link": (b, hw, n, n),
-                    "precedence": (b, hw, n), "read_weights": (b, r, n),
-                    "write_weights": (b, hw, n), "reads": (b, r, w)}
-        for name, shape in expected.items():
-            got = getattr(state, name)
-            actual = tuple(got.shape) if isinstance(got, Tensor) else None
-            if actual != shape:
-                raise ValueError(
-                    f"state.{name} is {describe_shapes(got)}, expected shape {list(shape)} "
-                    f"(batch {b}, memory {n}x{w}, {r} read and {hw} write heads); was the state "
-                    f"made for another batch size or model?")
-        want = [list(t.shape) for t in self.controller.initial_state(b)]
-        got = state.controller
-        if not (isinstance(got, tuple) and len(got) == len(want) and all(
-                isinstance(t, Tensor) and list(t.shape) == s for t, s in zip(got, want))):
-            raise ValueError(f"state.controller must be {len(want)} tensor(s) of shapes {want} "
-                             f"for this {self.controller_type} controller; got "
-                             f"{describe_shapes(got)}: was the state made for another "
-                             f"controller or batch size?")
-        check_state_tensors(state, ref)
+        return {"memory": (b, n, w), "usage": (b, n), "link": (b, hw, n, n),
+                "precedence": (b, hw, n), "read_weights": (b, r, n),
+                "write_weights": (b, hw, n), "reads": (b, r, w)}
 
     def _loop_state(self, state: DNCState) -> DNCState:
         """With ``sparse_link``, the state with its link stored as a
@@ -247,7 +173,7 @@ class _DNCBase(nn.Module):
         return (logits, new, access) if record else (logits, new)
 
 
-class DNCCell(_DNCBase):
+class DNCCell(Cell, _DNCBase):
     """One step of a Differentiable Neural Computer.
 
     Same constructor arguments as `DNC` (except ``batch_first`` and ``engine``) and the same
@@ -260,16 +186,6 @@ class DNCCell(_DNCBase):
         for x_t in xs:                      # x_t: (B, 9)
             logits, state = cell(x_t, state)
     """
-
-    def forward(self, x: Tensor, state: DNCState | None = None) -> tuple[Tensor, DNCState]:
-        """Args:
-            x: ``[B, input_size]`` input of one step.
-            state: `DNCState` of the previous step, or None for `initial_state`.
-
-        Returns:
-            ``(logits [B, output_size], state)``.
-        """
-        return cell_step(self, x, state)
 
 
 class DNC(SequenceModel, _DNCBase):
@@ -300,7 +216,9 @@ class DNC(SequenceModel, _DNCBase):
             (`torch_ntm.engines.dnc`: the whole sequence forward and backward in C++), which
             serves a one-layer LSTM controller, one write head and the exact link matrix (the
             paper's DNC, the default); any other runs the eager loop over the step, the reason
-            logged once. May be changed on a built module by assigning ``dnc.engine``.
+            logged once; on a CUDA GPU, "auto" runs the graphs engine (the step captured over
+            the sequence as CUDA graphs). May be changed on a built module by assigning
+            ``dnc.engine``.
         device: of the parameters.
         dtype: of the parameters.
 
@@ -314,45 +232,12 @@ class DNC(SequenceModel, _DNCBase):
         logits, state = dnc(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
-    _state_type = DNCState
     _native_engine = native
     _native_call = native.DNCCall
-    # the sparse link's form in the sequence loop (SequenceModel's defaults keep the state)
-    _loop_state = _DNCBase._loop_state
-    _public_state = _DNCBase._public_state
+    _trace_type = DNCTrace
 
-    def __init__(self, input_size: int, output_size: int, *, controller: str = "lstm",
-                 controller_size: int = 64, controller_layers: int = 1, memory_size: int = 16,
-                 memory_width: int = 16, read_heads: int = 4, write_heads: int = 1,
-                 sparse_link: int | None = None, batch_first: bool = False,
-                 engine: str = "auto", device: torch.device | str | None = None,
-                 dtype: torch.dtype | None = None) -> None:
-        super().__init__(input_size, output_size, controller=controller,
-                         controller_size=controller_size, controller_layers=controller_layers,
-                         memory_size=memory_size, memory_width=memory_width,
-                         read_heads=read_heads, write_heads=write_heads,
-                         sparse_link=sparse_link, device=device, dtype=dtype)
-        self._init_sequence(batch_first, engine)
-
-    def trace(self, x: Tensor, state: DNCState | None = None
-              ) -> tuple[Tensor, DNCState, DNCTrace]:
-        """Like `forward`, and also records every step's weightings, usage, allocation, link
-        matrices, memory, read modes and gates (for plots).
-
-        Returns:
-            ``(logits, state, DNCTrace)``; the trace's tensors are time-major ``[T, B, ...]``.
-        """
-        x, state = self._prepare(x, state)
-        outputs, rows = [], []
-        state = self._loop_state(state)
-        for x_t in x:
-            y, state, access = self._step(x_t, state, record=True)
-            outputs.append(y)
-            xi = access.interface
-            rows.append((state.read_weights, state.write_weights, state.usage, access.allocation,
-                         self._public_state(state).link, state.precedence, state.memory,
-                         xi.read_mode, xi.free_gate, xi.allocation_gate[..., 0],
-                         xi.write_gate[..., 0]))
-        trace = DNCTrace(*(torch.stack(col) for col in zip(*rows)))
-        y, state = one_dtype(self._finish(torch.stack(outputs)), self._public_state(state), x)
-        return y, state, trace
+    def _trace_row(self, state: DNCState, access) -> tuple:
+        xi = access.interface
+        return (state.read_weights, state.write_weights, state.usage, access.allocation,
+                self._public_state(state).link, state.precedence, state.memory, xi.read_mode,
+                xi.free_gate, xi.allocation_gate[..., 0], xi.write_gate[..., 0])

@@ -24,44 +24,11 @@ from torch import Tensor
 
 from torch_ntm import dnc_functional as dncf
 from torch_ntm import functional as ntmf
+from torch_ntm.states import DNCState, NTMState  # defined there, exported here as before
 
 __all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "LRUALayout",
            "LRUAParameters", "soft_cap", "DNCState", "DNCField", "DNC_FIELDS", "DNCInterface",
            "DNCAccess", "DNCLayout"]
-
-
-class NTMState(NamedTuple):
-    """Recurrent state of an NTM, passed in and returned by `forward`.
-
-    Attributes:
-        controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
-        memory: ``[B, N, M]`` memory matrix.
-        read_weights: ``[B, Hr, N]`` read weightings.
-        write_weights: ``[B, Hw, N]`` write weightings.
-        reads: ``[B, Hr, M]`` read vectors of the last step.
-    """
-
-    controller: tuple
-    memory: Tensor
-    read_weights: Tensor
-    write_weights: Tensor
-    reads: Tensor
-
-    def map(self, fn) -> NTMState:
-        """The state with ``fn`` applied to each of its tensors (the controller's too), e.g.
-        ``state.map(lambda t: t.to("cuda"))``."""
-        return type(self)(tuple(fn(t) for t in self.controller), *(fn(t) for t in self[1:]))
-
-    def detach(self) -> NTMState:
-        """The same values cut from the graph that made them: to carry a state into the next
-        chunk of a long sequence without backpropagating into the last (truncated
-        backpropagation through time)."""
-        return self.map(Tensor.detach)
-
-    def tensors(self) -> dict[str, Tensor]:
-        """Each tensor by name: ``controller[0]``, ..., ``memory``, ..., ``reads``."""
-        named = {f"controller[{i}]": t for i, t in enumerate(self.controller)}
-        return named | {name: getattr(self, name) for name in self._fields[1:]}
 
 
 class HeadField(NamedTuple):
@@ -227,6 +194,11 @@ class LRUALayout:
         return {"key": m, "alpha": 1, **({"add": m} if self.write_vector == "add" else {}),
                 **({"beta": 1} if self.learned_beta else {})}
 
+    @property
+    def size(self) -> int:
+        """The width of the head layer's output: every head's fields."""
+        return self.heads * sum(self.fields.values())
+
     def activate(self, raw: Tensor) -> LRUAParameters:
         """The activated fields of the head layer's output ``raw [B, H * sum(widths)]``."""
         parts = torch.split(raw.view(raw.shape[0], self.heads, -1), list(self.fields.values()),
@@ -258,36 +230,6 @@ class LRUALayout:
 # ------------------------------------------------------------------------------------------------
 # The Differentiable Neural Computer (Graves et al. 2016, Methods)
 # ------------------------------------------------------------------------------------------------
-
-
-class DNCState(NamedTuple):
-    """Recurrent state of a DNC, passed in and returned by `torch_ntm.DNC`'s ``forward``.
-
-    Attributes:
-        controller: LSTM controller: ``(h, c)``, each ``[L, B, C]``; feed-forward: ``()``.
-        memory: ``[B, N, W]`` memory M_t.
-        usage: ``[B, N]`` usage vector u_t.
-        link: ``[B, Hw, N, N]`` temporal link matrix L_t of each write head (with
-            ``sparse_link=K``, each row holds at most K non-zero entries, and the DNC's sequence
-            loop carries it as a `torch_ntm.dnc_functional.SparseLink` between its steps).
-        precedence: ``[B, Hw, N]`` precedence weighting p_t of each write head.
-        read_weights: ``[B, R, N]`` read weightings w^r_t.
-        write_weights: ``[B, Hw, N]`` write weightings w^w_t.
-        reads: ``[B, R, W]`` read vectors r_t.
-    """
-
-    controller: tuple
-    memory: Tensor
-    usage: Tensor
-    link: Tensor
-    precedence: Tensor
-    read_weights: Tensor
-    write_weights: Tensor
-    reads: Tensor
-
-    map = NTMState.map
-    detach = NTMState.detach
-    tensors = NTMState.tensors
 
 
 class DNCField(NamedTuple):

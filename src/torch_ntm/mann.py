@@ -23,25 +23,19 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import NamedTuple
 
 import torch
 from torch import Tensor, nn
 
 from torch_ntm import engines
 from torch_ntm import functional as ntmf
-from torch_ntm.checks import (
-    cell_step,
-    check_input_dtype,
-    check_state_tensors,
-    positive_int,
-    read_only_options,
-)
-from torch_ntm.controllers import LSTMController
+from torch_ntm.base import Cell, MemoryModule
+from torch_ntm.checks import positive_int
 from torch_ntm.engines import mann as native
-from torch_ntm.layout import LRUALayout, NTMState
+from torch_ntm.layout import LRUALayout
 from torch_ntm.model import MEMORY_INIT_CONSTANT
 from torch_ntm.sequence import SequenceModel
+from torch_ntm.states import MANNState
 
 __all__ = ["ENCODERS", "ENGINES", "ConvEncoder", "MANN", "MANNCell", "MANNOptions", "MANNState",
            "WRITE_VECTORS"]
@@ -73,9 +67,8 @@ class ConvEncoder(nn.Module):
     included. ``output_size`` is the width of the result (800 + 5 on Omniglot's 405; 800 + 405
     keeping the pixels). Weights shared over positions are meant to let features of strokes
     seen in some alphabets serve others, where the paper's controller, reading the pixels
-    through one dense layer, learns them at every position anew; on the embedded Omniglot
-    alphabets they did not (docs/results/omniglot.md: "conv" stayed on the plateau, and
-    "conv+pixels" scored the unseen alphabets below the pixels alone).
+    through one dense layer, learns them at every position anew (what they did on the embedded
+    alphabets: docs/results/omniglot.md).
 
     Args:
         input_size: width of an input step (the image and what follows it).
@@ -106,9 +99,8 @@ class ConvEncoder(nn.Module):
 
     def reset_parameters(self) -> None:
         """He's initialisation for ReLU layers (normal, variance 2 / fan-in; biases 0), which
-        keeps the features at the pixels' scale: on Omniglot episodes their root mean square is
-        0.16 against the pixels' 0.20, where torch's default gives 0.05, 8x less input to the
-        controller over 800 features than the 400 pixels give it."""
+        keeps the features at the pixels' scale, where torch's default shrinks them (measured:
+        docs/results/omniglot.md)."""
         for conv in self.convs:
             nn.init.kaiming_normal_(conv.weight, nonlinearity="relu")
             nn.init.zeros_(conv.bias)
@@ -121,32 +113,6 @@ class ConvEncoder(nn.Module):
             image = torch.relu(conv(image))
         rest = x if self.keep_pixels else x[..., side * side:]
         return torch.cat([image.reshape(*x.shape[:-1], -1), rest], -1)
-
-
-class MANNState(NamedTuple):
-    """Recurrent state of a MANN, passed in and returned by `forward`.
-
-    Attributes:
-        controller: the LSTM's ``(h, c)``, each ``[1, B, C]`` (as for `nn.LSTM`).
-        memory: ``[B, N, M]`` memory M_t.
-        usage: ``[B, N]`` usage weights w^u_t.
-        read_weights: ``[B, H, N]`` read weightings w^r_t.
-        least_used: ``[B, N]`` least-used weighting w^lu_t (H ones), used by the next step.
-        reads: ``[B, H, M]`` read vectors r_t.
-    """
-
-    controller: tuple
-    memory: Tensor
-    usage: Tensor
-    read_weights: Tensor
-    least_used: Tensor
-    reads: Tensor
-
-    # As NTMState's: each tensor through a function, the state cut from its graph (truncated
-    # backpropagation through time), each tensor by name.
-    map = NTMState.map
-    detach = NTMState.detach
-    tensors = NTMState.tensors
 
 
 @dataclass
@@ -192,42 +158,28 @@ class MANNOptions:
         return dataclasses.replace(self, usage_decay=float(decay))
 
 
-@read_only_options(MANNOptions)  # mann.memory_size, ...
-class _MANNBase(nn.Module):
-    """Parameters, initial state and the one-step update shared by `MANNCell` and `MANN`."""
+class _MANNBase(MemoryModule):
+    """The MANN's spec on `torch_ntm.base.MemoryModule` (options, state, layout, step), shared
+    by `MANNCell` and `MANN`. Its controller is always one LSTM layer."""
 
-    def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
-                 memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
-                 usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
-                 learned_beta: bool = False, encoder: str = "none", image_size: int = 20,
-                 device=None, dtype=None) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.input_size = positive_int("input_size", input_size)
-        self.output_size = positive_int("output_size", output_size)
-        self.options = MANNOptions(controller_size, memory_size, memory_width, read_heads,
-                                   usage_decay, write_vector, learned_beta, encoder,
-                                   image_size).checked()
+    Options = MANNOptions
+    State = MANNState
+
+    def _build_encoder(self, factory: dict) -> int:
         # what the controller reads of a step (`encode`): None, the step itself
-        self.features = (None if encoder == "none" else ConvEncoder(
-            input_size, image_size, keep_pixels=encoder == "conv+pixels", **factory))
-        features = input_size if self.features is None else self.features.output_size
+        opt = self.options
+        self.features = (None if opt.encoder == "none" else ConvEncoder(
+            self.input_size, opt.image_size, keep_pixels=opt.encoder == "conv+pixels",
+            **factory))
+        return self.input_size if self.features is None else self.features.output_size
 
-        h, m = self.read_heads, self.memory_width
+    def _layout(self) -> LRUALayout:
         # the heads' fields and step (torch_ntm.layout): what the engines read of the heads
-        self.head_layout = LRUALayout(h, m, self.options.write_vector, self.options.learned_beta,
-                                      self.options.usage_decay)
-        self.controller = LSTMController(features + h * m, controller_size, 1, **factory)
-        self.head_params = nn.Linear(controller_size, h * sum(self.head_fields.values()),
-                                     **factory)
-        self.output = nn.Linear(controller_size + h * m, output_size, **factory)
-        self.reset_parameters()
+        opt = self.options
+        return LRUALayout(opt.read_heads, opt.memory_width, opt.write_vector, opt.learned_beta,
+                          opt.usage_decay)
 
-    def reset_parameters(self) -> None:
-        """Re-initialise every parameter (called last in ``__init__``)."""
-        self.controller.reset_parameters()
-        self.head_params.reset_parameters()
-        self.output.reset_parameters()
+    def _reset_own(self) -> None:
         if self.features is not None:
             self.features.reset_parameters()
 
@@ -238,15 +190,6 @@ class _MANNBase(nn.Module):
         time."""
         return x if self.features is None else self.features(x)
 
-    def extra_repr(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
-        return f"{self.input_size}, {self.output_size}, {options}"
-
-    def config(self) -> dict:
-        """The constructor arguments (sizes and options) that rebuild this module's shape."""
-        return {"input_size": self.input_size, "output_size": self.output_size,
-                **dataclasses.asdict(self.options)}
-
     @property
     def head_fields(self) -> dict[str, int]:
         """Each head's fields in the head layer's output, in order, name to width: ``key`` (M),
@@ -254,33 +197,16 @@ class _MANNBase(nn.Module):
         ``learned_beta``. Head h's fields are the h-th block of ``sum(widths)`` outputs."""
         return self.head_layout.fields
 
-    @property
-    def _ref(self) -> Tensor:
-        return self.head_params.weight
-
-    def initial_state(self, batch_size: int, device=None, dtype=None) -> MANNState:
-        """The initial state for a batch: nothing read or written yet.
-
-        Memory is a small constant (`torch_ntm.model.MEMORY_INIT_CONSTANT`, as NTM's
-        ``memory_init="constant"``); usage, read weightings and read vectors are zero (no access
-        so far, r_0 = w^r_0 M_0 = 0), so the first write goes to the least-used rows, which are
-        rows 0..H-1 of the all-zero usage. The controller's ``(h, c)`` is learned.
-
-        Args:
-            batch_size: B.
-            device: defaults to the module parameters' device.
-            dtype: defaults to the module parameters' dtype.
-
-        Returns:
-            `MANNState` (shapes as documented there).
-        """
-        positive_int("batch_size", batch_size)
-        device = self._ref.device if device is None else device
-        dtype = self._ref.dtype if dtype is None else dtype
+    def _initial_state(self, batch_size: int, controller: tuple, device, dtype) -> MANNState:
+        """Nothing read or written yet: memory a small constant
+        (`torch_ntm.model.MEMORY_INIT_CONSTANT`, as NTM's ``memory_init="constant"``); usage,
+        read weightings and read vectors zero (r_0 = w^r_0 M_0 = 0), so the first write goes
+        to the least-used rows, rows 0..H-1 of the all-zero usage; the LSTM's ``(h, c)``
+        learned."""
         b, n, m, h = batch_size, self.memory_size, self.memory_width, self.read_heads
         usage = torch.zeros(b, n, device=device, dtype=dtype)
         return MANNState(
-            controller=tuple(t.to(device, dtype) for t in self.controller.initial_state(b)),
+            controller=controller,
             memory=torch.full((b, n, m), MEMORY_INIT_CONSTANT, device=device, dtype=dtype),
             usage=usage,
             read_weights=torch.zeros(b, h, n, device=device, dtype=dtype),
@@ -288,30 +214,10 @@ class _MANNBase(nn.Module):
             reads=torch.zeros(b, h, m, device=device, dtype=dtype),
         )
 
-    def _check_dtype(self, x: Tensor) -> None:
-        check_input_dtype(self, x, self._ref.dtype)
-
-    def _check_state(self, state: MANNState, batch_size: int, ref: Tensor) -> None:
-        if not isinstance(state, MANNState):
-            raise TypeError(f"state must be a MANNState, got {type(state).__name__}")
+    def _state_shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
         b, n, m, h = batch_size, self.memory_size, self.memory_width, self.read_heads
-        c = [1, b, self.controller_size]
-        got = state.controller
-        if not (isinstance(got, tuple) and len(got) == 2 and all(
-                isinstance(t, Tensor) and list(t.shape) == c for t in got)):
-            raise ValueError(f"state.controller must be (h, c), each of shape {c}; was the state "
-                             f"made for another batch size or model?")
-        expected = {"memory": (b, n, m), "usage": (b, n), "read_weights": (b, h, n),
-                    "least_used": (b, n), "reads": (b, h, m)}
-        for name, shape in expected.items():
-            actual = tuple(getattr(state, name).shape)
-            if actual != shape:
-                raise ValueError(
-                    f"state.{name} has shape {list(actual)}, expected {list(shape)} (batch {b}, "
-                    f"memory {n}x{m}, {h} heads); was the state made for another batch size or "
-                    f"model?"
-                )
-        check_state_tensors(state, ref)
+        return {"memory": (b, n, m), "usage": (b, n), "read_weights": (b, h, n),
+                "least_used": (b, n), "reads": (b, h, m)}
 
     def _step(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``."""
@@ -329,9 +235,10 @@ class _MANNBase(nn.Module):
         return logits, MANNState(ctrl, memory, usage, w_read, least_used, reads)
 
 
-class MANNCell(_MANNBase):
-    """One step of a MANN; same constructor arguments as `MANN` (except ``batch_first``) and the
-    same parameter names, so ``cell.load_state_dict(mann.state_dict())`` steps a trained model.
+class MANNCell(Cell, _MANNBase):
+    """One step of a MANN; same constructor arguments as `MANN` (except ``batch_first`` and
+    ``engine``) and the same parameter names, so ``cell.load_state_dict(mann.state_dict())``
+    steps a trained model.
 
     Example:
 
@@ -340,16 +247,6 @@ class MANNCell(_MANNBase):
         for x_t in xs:                      # x_t: (B, 25)
             logits, state = cell(x_t, state)
     """
-
-    def forward(self, x: Tensor, state: MANNState | None = None) -> tuple[Tensor, MANNState]:
-        """Args:
-            x: ``[B, input_size]`` input of one step.
-            state: `MANNState` of the previous step, or None for `initial_state`.
-
-        Returns:
-            ``(logits [B, output_size], state)``.
-        """
-        return cell_step(self, x, state)
 
 
 class MANN(SequenceModel, _MANNBase):
@@ -378,9 +275,10 @@ class MANN(SequenceModel, _MANNBase):
             episode's 20 x 20 pixels, the first 400 values of each step); unused without it.
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
-            ``"auto"`` (default) the fastest engine that can serve the call, ``"native"`` or
-            ``"eager"`` (the loop of steps with plain autograd). May be changed on a built module
-            by assigning ``mann.engine``.
+            ``"auto"`` (default) the fastest engine that can serve the call: ``"native"`` on
+            the CPU (`torch_ntm.engines.mann`), ``"graphs"`` on a CUDA GPU, else ``"eager"``
+            (the loop of steps with plain autograd), saying once why. May be changed on a built
+            module by assigning ``mann.engine``.
         device: of the parameters.
         dtype: of the parameters.
 
@@ -393,19 +291,5 @@ class MANN(SequenceModel, _MANNBase):
         logits, state = mann(x)             # x: (T, B, 25) -> logits (T, B, 5)
     """
 
-    _state_type = MANNState
     _native_engine = native
     _native_call = native.MANNCall
-
-    def __init__(self, input_size: int, output_size: int, *, controller_size: int = 200,
-                 memory_size: int = 128, memory_width: int = 40, read_heads: int = 4,
-                 usage_decay: float = ntmf.USAGE_DECAY, write_vector: str = "add",
-                 learned_beta: bool = False, encoder: str = "none", image_size: int = 20,
-                 batch_first: bool = False, engine: str = "auto", device=None,
-                 dtype=None) -> None:
-        super().__init__(input_size, output_size, controller_size=controller_size,
-                         memory_size=memory_size, memory_width=memory_width,
-                         read_heads=read_heads, usage_decay=usage_decay,
-                         write_vector=write_vector, learned_beta=learned_beta, encoder=encoder,
-                         image_size=image_size, device=device, dtype=dtype)
-        self._init_sequence(batch_first, engine)

@@ -18,7 +18,6 @@ depends on the number of memory rows N, so a trained model can be rebuilt with a
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import math
 from dataclasses import dataclass
 from typing import NamedTuple
@@ -27,21 +26,13 @@ import torch
 from torch import Tensor, nn
 
 from torch_ntm import engines
-from torch_ntm.checks import (
-    bound,
-    cell_step,
-    check_input_dtype,
-    check_state_tensors,
-    choice,
-    describe_shapes,
-    one_dtype,
-    positive_int,
-    read_only_options,
-)
-from torch_ntm.controllers import CONTROLLERS, LSTMController
+from torch_ntm.base import Cell, MemoryModule
+from torch_ntm.checks import bound, choice, positive_int
+from torch_ntm.controllers import CONTROLLERS
 from torch_ntm.engines import ntm as native
-from torch_ntm.layout import HeadLayout, HeadParameters, NTMState
+from torch_ntm.layout import HeadLayout, HeadParameters
 from torch_ntm.sequence import SequenceModel
+from torch_ntm.states import NTMState
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
            "ENGINES"]
@@ -120,51 +111,23 @@ class NTMOptions:
         return (self.max_beta or 0.0, (self.max_gamma or 1.0) - 1.0)
 
 
-def _options_in_signature(init):
-    """Show the `NTMOptions` as keyword arguments in the signature of ``init``, an
-    ``__init__(self, input_size, output_size, *, ..., **options)``, for ``help`` and ``inspect``."""
-    signature = inspect.signature(init)
-    *params, _ = signature.parameters.values()  # without **options
-    options = [inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=f.default,
-                                 annotation=f.type) for f in dataclasses.fields(NTMOptions)]
-    init.__signature__ = signature.replace(parameters=params[:3] + options + params[3:])
-    return init
+class _NTMBase(MemoryModule):
+    """The NTM's spec on `torch_ntm.base.MemoryModule` (options, state, layout, step), shared
+    by `NTMCell` and `NTM`: both build exactly these parameters, so their `state_dict`s are
+    interchangeable."""
 
+    Options = NTMOptions
+    State = NTMState
 
-# The controller's name is controller_type: ntm.controller is the controller module.
-@read_only_options(NTMOptions, renamed={"controller": "controller_type"})
-class _NTMBase(nn.Module):
-    """Parameters, initial state and the one-step update shared by `NTMCell` and `NTM`.
-
-    Both subclasses build exactly these submodules, so their `state_dict`s are interchangeable.
-    """
-
-    @_options_in_signature
-    def __init__(self, input_size: int, output_size: int, *, device=None, dtype=None,
-                 **options) -> None:
-        super().__init__()
-        factory = {"device": device, "dtype": dtype}
-        self.input_size = positive_int("input_size", input_size)
-        self.output_size = positive_int("output_size", output_size)
-        unknown = sorted(set(options) - {f.name for f in dataclasses.fields(NTMOptions)})
-        if unknown:  # valid: every keyword of the class's own signature (NTM's engine too)
-            valid = list(inspect.signature(type(self)).parameters)[2:]
-            raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
-                            f"{', '.join(unknown)}; valid: {', '.join(valid)}")
-        self.options = NTMOptions(**options).checked()  # each an attribute: `read_only_options`
-
+    def _layout(self) -> HeadLayout:
         opt = self.options
-        m, shifts = opt.memory_width, 2 * opt.shift_range + 1
-        self.head_layout = HeadLayout(opt.read_heads, opt.write_heads, m, shifts)
+        return HeadLayout(opt.read_heads, opt.write_heads, opt.memory_width,
+                          2 * opt.shift_range + 1)
 
-        self.controller = CONTROLLERS[opt.controller](
-            input_size + opt.read_heads * m, opt.controller_size, opt.controller_layers, **factory
-        )
-        # all heads at once, laid out as `torch_ntm.layout` describes
-        self.head_params = nn.Linear(opt.controller_size, self.head_layout.size, **factory)
-        self.output = nn.Linear(opt.controller_size + opt.read_heads * m, output_size, **factory)
+    def _build_own(self, factory: dict) -> None:
         # Learned initial read vectors, and the learned logit of row 0 in the initial weightings
         # (all other rows have logit 0): N-independent, focused on row 0 after initialisation.
+        opt, m = self.options, self.options.memory_width
         self.reads0 = nn.Parameter(torch.empty(opt.read_heads, m, **factory))
         self.read_focus0 = nn.Parameter(torch.empty(opt.read_heads, 1, **factory))
         self.write_focus0 = nn.Parameter(torch.empty(opt.write_heads, 1, **factory))
@@ -172,13 +135,8 @@ class _NTMBase(nn.Module):
             self.memory0 = nn.Parameter(torch.empty(m, **factory))  # one row, shared by all rows
         else:
             self.register_parameter("memory0", None)
-        self.reset_parameters()
 
-    def reset_parameters(self) -> None:
-        """Re-initialise every parameter (called last in ``__init__``)."""
-        self.controller.reset_parameters()
-        self.head_params.reset_parameters()
-        self.output.reset_parameters()
+    def _reset_own(self) -> None:
         nn.init.normal_(self.reads0, std=0.01)
         # softmax([10, 0, ..., 0]) puts > 99% of the weight on row 0 for N <= 128.
         nn.init.constant_(self.read_focus0, 10.0)
@@ -186,30 +144,9 @@ class _NTMBase(nn.Module):
         if self.memory0 is not None:
             nn.init.constant_(self.memory0, MEMORY_INIT_CONSTANT)
 
-    def extra_repr(self) -> str:
-        options = ", ".join(f"{k}={v!r}" for k, v in dataclasses.asdict(self.options).items())
-        return f"{self.input_size}, {self.output_size}, {options}"
-
-    def config(self) -> dict:
-        """The constructor arguments (sizes and options) that rebuild this module's shape."""
-        return {"input_size": self.input_size, "output_size": self.output_size,
-                **dataclasses.asdict(self.options)}
-
-    def initial_state(self, batch_size: int, device=None, dtype=None) -> NTMState:
-        """The learned initial state for a batch.
-
-        Args:
-            batch_size: B.
-            device: defaults to the module parameters' device.
-            dtype: defaults to the module parameters' dtype.
-
-        Returns:
-            `NTMState` with memory ``[B, N, M]``, weightings ``[B, H, N]``, reads ``[B, Hr, M]``.
-        """
-        positive_int("batch_size", batch_size)
-        ref = self.reads0
-        device = ref.device if device is None else device
-        dtype = ref.dtype if dtype is None else dtype
+    def _initial_state(self, batch_size: int, controller: tuple, device, dtype) -> NTMState:
+        """Memory by ``memory_init``; the weightings focused on row 0 by the learned logits
+        ``read_focus0``, ``write_focus0``; the learned read vectors ``reads0``."""
         b, n, m = batch_size, self.memory_size, self.memory_width
         if self.memory_init == "constant":
             memory = torch.full((b, n, m), MEMORY_INIT_CONSTANT, device=device, dtype=dtype)
@@ -228,56 +165,15 @@ class _NTMBase(nn.Module):
             logits = logit.to(device, dtype) * first
             return torch.softmax(logits, dim=-1).expand(b, -1, -1)
 
-        controller = tuple(t.to(device, dtype) for t in self.controller.initial_state(b))
-        return NTMState(
-            controller=controller,
-            memory=memory,
-            read_weights=focus(self.read_focus0),
-            write_weights=focus(self.write_focus0),
-            reads=self.reads0.to(device, dtype).expand(b, -1, -1),
-        )
+        return NTMState(controller=controller, memory=memory,
+                        read_weights=focus(self.read_focus0),
+                        write_weights=focus(self.write_focus0),
+                        reads=self.reads0.to(device, dtype).expand(b, -1, -1))
 
-    def _check_dtype(self, x: Tensor) -> None:
-        """Inputs must have the parameters' dtype (no engine converts them)."""
-        if self.reads0.dtype == torch.float16:  # measured: non-finite gradients in a few steps
-            raise ValueError(
-                f"{type(self).__name__} does not run in float16 (its gradients overflow); use "
-                f"bfloat16 parameters, or float32 ones under torch.autocast(dtype=torch.float16)"
-            )
-        check_input_dtype(self, x, self.reads0.dtype)
-
-    def _check_state(self, state: NTMState, batch_size: int, ref: Tensor) -> None:
-        if not isinstance(state, NTMState):
-            raise TypeError(f"state must be an NTMState, got {type(state).__name__}")
+    def _state_shapes(self, batch_size: int) -> dict[str, tuple[int, ...]]:
         b, n, m = batch_size, self.memory_size, self.memory_width
-        expected = {
-            "memory": (b, n, m),
-            "read_weights": (b, self.read_heads, n),
-            "write_weights": (b, self.write_heads, n),
-            "reads": (b, self.read_heads, m),
-        }
-        for name, shape in expected.items():
-            actual = tuple(getattr(state, name).shape)
-            if actual != shape:
-                raise ValueError(
-                    f"state.{name} has shape {list(actual)}, expected {list(shape)} "
-                    f"(batch {b}, memory {n}x{m}); was the state made for another batch size "
-                    f"or model?"
-                )
-        ctrl, got = self.controller, state.controller
-        if isinstance(ctrl, LSTMController):  # (h, c), each (L, B, C)
-            shape = [ctrl.num_layers, b, ctrl.hidden_size]
-            if not (isinstance(got, tuple) and len(got) == 2 and all(
-                    isinstance(t, Tensor) and list(t.shape) == shape for t in got)):
-                raise ValueError(
-                    f"state.controller must be (h, c), each of shape {shape}, for this LSTM "
-                    f"controller; got {describe_shapes(got)}: was the state made for another "
-                    f"controller?"
-                )
-        elif not (isinstance(got, tuple) and not got):
-            raise ValueError(f"state.controller must be () for a feed-forward controller; got "
-                             f"{describe_shapes(got)}: was the state made for another controller?")
-        check_state_tensors(state, ref)
+        return {"memory": (b, n, m), "read_weights": (b, self.read_heads, n),
+                "write_weights": (b, self.write_heads, n), "reads": (b, self.read_heads, m)}
 
     def _step(self, x: Tensor, state: NTMState, record: bool = False):
         """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
@@ -296,11 +192,12 @@ class _NTMBase(nn.Module):
         return logits, new_state
 
 
-class NTMCell(_NTMBase):
+class NTMCell(Cell, _NTMBase):
     """One step of a Neural Turing Machine.
 
-    Same constructor arguments as `NTM` (except ``batch_first``) and the same parameter names, so
-    ``cell.load_state_dict(ntm.state_dict())`` steps a model trained as a sequence.
+    Same constructor arguments as `NTM` (except ``batch_first`` and ``engine``) and the same
+    parameter names, so ``cell.load_state_dict(ntm.state_dict())`` steps a model trained as a
+    sequence.
 
     Example:
 
@@ -309,16 +206,6 @@ class NTMCell(_NTMBase):
         for x_t in xs:                      # x_t: (B, 9)
             logits, state = cell(x_t, state)
     """
-
-    def forward(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState]:
-        """Args:
-            x: ``[B, input_size]`` input of one step.
-            state: `NTMState` of the previous step, or None for `initial_state`.
-
-        Returns:
-            ``(logits [B, output_size], state)``.
-        """
-        return cell_step(self, x, state)
 
 
 class NTM(SequenceModel, _NTMBase):
@@ -344,12 +231,13 @@ class NTM(SequenceModel, _NTMBase):
             prevent the collapses of the Stability page (gradient-norm clipping at 1 did).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
         engine: how `forward` runs, the same function on each (`torch_ntm.engines`):
-            ``"auto"`` (default) the fastest engine that can serve the call: ``"native"`` (the
-            whole sequence, forward and backward, as one C++ call each, on the CPU in float32
-            and float64; built once per machine in seconds) where it can, else ``"eager"`` (the
-            loop over the step with plain autograd, which also serves `torch.func`,
-            forward-mode AD, `torch.autocast`, other dtypes and devices), saying once why.
-            `trace` is always eager. May be changed on a built module by assigning
+            ``"auto"`` (default) the fastest engine that can serve the call: on the CPU
+            ``"native"`` (the whole sequence, forward and backward, as one C++ call each, in
+            float32 and float64; built once per machine in seconds), on a CUDA GPU ``"graphs"``
+            (the step below captured over the sequence as CUDA graphs and replayed), else
+            ``"eager"`` (the loop over the step with plain autograd, which also serves
+            `torch.func`, forward-mode AD, `torch.autocast`, other dtypes and devices), saying
+            once why. `trace` is always eager. May be changed on a built module by assigning
             ``ntm.engine``.
         device: of the parameters.
         dtype: of the parameters.
@@ -364,32 +252,14 @@ class NTM(SequenceModel, _NTMBase):
         logits, state = ntm(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
-    _state_type = NTMState
     _native_engine = native
     _native_call = native.NTMCall
+    _trace_type = NTMTrace
 
-    @_options_in_signature
-    def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
-                 engine: str = "auto", device=None, dtype=None, **options):
-        super().__init__(input_size, output_size, device=device, dtype=dtype, **options)
-        self._init_sequence(batch_first, engine)
-
-    def trace(self, x: Tensor, state: NTMState | None = None) -> tuple[Tensor, NTMState, NTMTrace]:
-        """Like `forward`, and also records every step's weightings, erase/add vectors and memory.
-
-        Returns:
-            ``(logits, state, NTMTrace)``; the trace's tensors are time-major ``[T, B, ...]``.
-        """
-        x, state = self._prepare(x, state)
-        outputs, rows = [], []
-        for x_t in x:
-            y, state, (wp, rp) = self._step(x_t, state, record=True)
-            outputs.append(y)
-            if wp is None:  # no write heads: empty write fields
-                empty = state.memory.new_zeros(x.shape[1], 0, self.memory_width)
-                wp = HeadParameters(empty, empty[..., :1], None, None, empty[..., :1], empty, empty)
-            rows.append((state.read_weights, state.write_weights, wp.erase, wp.add, state.memory,
-                         rp.beta[..., 0], rp.gamma[..., 0], wp.beta[..., 0], wp.gamma[..., 0]))
-        trace = NTMTrace(*(torch.stack(col) for col in zip(*rows)))
-        y, state = one_dtype(self._finish(torch.stack(outputs)), state, x)
-        return y, state, trace
+    def _trace_row(self, state: NTMState, heads) -> tuple:
+        wp, rp = heads
+        if wp is None:  # no write heads: empty write fields
+            empty = state.memory.new_zeros(state.memory.shape[0], 0, self.memory_width)
+            wp = HeadParameters(empty, empty[..., :1], None, None, empty[..., :1], empty, empty)
+        return (state.read_weights, state.write_weights, wp.erase, wp.add, state.memory,
+                rp.beta[..., 0], rp.gamma[..., 0], wp.beta[..., 0], wp.gamma[..., 0])

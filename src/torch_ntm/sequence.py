@@ -24,20 +24,27 @@ __all__ = ["SequenceModel"]
 
 
 class SequenceModel:
-    """A model over sequences, in front of a cell base that provides ``initial_state``,
-    ``_check_dtype``, ``_check_state`` and ``_step(x_t, state) -> (y_t, state)``.
+    """A model over sequences, in front of a `torch_ntm.base.MemoryModule` (its parameters,
+    ``State``, ``initial_state``, checks and ``_step(x_t, state) -> (y_t, state)``).
 
-    A subclass names its state's NamedTuple (``_state_type``; its first field the controller's
-    tuple of tensors, the others tensors) and its native engine: ``_native_engine``, the module
-    whose ``forward(model, x, state)`` runs a time-major sequence, and ``_native_call``, the
-    description `torch_ntm.engines.choose` checks a call against (both None without one).
+    A subclass names its native engine: ``_native_engine``, the module whose ``forward(model, x,
+    state)`` runs a time-major sequence, and ``_native_call``, the description
+    `torch_ntm.engines.choose` checks a call against (both None without one); and, if it
+    records a trace, its type (``_trace_type``) and ``_trace_row``.
+
+    Args (beyond the model's):
+        batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
+        engine: how `forward` runs (`torch_ntm.engines`), changeable later by assigning
+            ``model.engine``.
     """
 
-    _state_type: ClassVar[type]
     _native_engine: ClassVar[object | None] = None
     _native_call: ClassVar[object | None] = None
+    _trace_type: ClassVar[type | None] = None  # what `trace` records, if the model has one
 
-    def _init_sequence(self, batch_first: bool, engine: str) -> None:
+    def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
+                 engine: str = "auto", device=None, dtype=None, **options) -> None:
+        super().__init__(input_size, output_size, device=device, dtype=dtype, **options)
         self.batch_first = bool(batch_first)
         self.engine = engine
 
@@ -129,14 +136,31 @@ class SequenceModel:
             y, state = torch.stack(outputs), self._public_state(state)
         return one_dtype(self._finish(y), state, x)
 
-    def _loop_state(self, state):
-        """The state as the eager loop carries it from step to step (`_step` takes either form;
-        the same here, but the sparse link of `torch_ntm.DNC`)."""
-        return state
+    def trace(self, x: Tensor, state=None):
+        """Like `forward`, and also records every step (`torch_ntm.model.NTMTrace`,
+        `torch_ntm.dnc.DNCTrace`: weightings, memory and what each model's heads emit), for
+        plots; always on the eager loop.
 
-    def _public_state(self, state):
-        """The state a `forward` returns from the loop's form (`_loop_state`)."""
-        return state
+        Returns:
+            ``(logits, state, trace)``; the trace's tensors are time-major ``[T, B, ...]``.
+        """
+        if self._trace_type is None:
+            raise TypeError(f"{type(self).__name__} records no trace")
+        x, state = self._prepare(x, state)
+        outputs, rows = [], []
+        state = self._loop_state(state)
+        for x_t in x:
+            y, state, record = self._step(x_t, state, record=True)
+            outputs.append(y)
+            rows.append(self._trace_row(state, record))
+        trace = self._trace_type(*(torch.stack(column) for column in zip(*rows)))
+        return (*one_dtype(self._finish(torch.stack(outputs)), self._public_state(state), x),
+                trace)
+
+    def _trace_row(self, state, record) -> tuple:
+        """The model's: one step's fields of its trace, from the state after the step and what
+        the step recorded."""
+        raise NotImplementedError
 
     def _forward_scan(self, x: Tensor, state):
         """The eager step under torch's ``scan`` (what `torch.export` traces): one loop over a
@@ -144,7 +168,7 @@ class SequenceModel:
         from torch._higher_order_ops.scan import scan
 
         x, state = self._prepare(x, state)
-        layers, kind = len(state.controller), self._state_type
+        layers, kind = len(state.controller), self.State
 
         def step(carry: tuple, x_t: Tensor) -> tuple[tuple, Tensor]:  # flat tensors in and out
             y, new = self._step(x_t, kind(tuple(carry[:layers]), *carry[layers:]))
