@@ -1,6 +1,6 @@
-"""The argument and state checks the models share (`torch_ntm.NTM`, `torch_ntm.MANN`, their
-cells): each raises a clear error naming the problem and the fix, never a bare traceback from
-deep inside a step.
+"""The argument and state checks the models share (`torch_ntm.NTM`, `torch_ntm.MANN`,
+`torch_ntm.DNC` and their cells, through `torch_ntm.base.MemoryModule`): each raises a clear
+error naming the problem and the fix, never a bare traceback from deep inside a step.
 """
 
 from __future__ import annotations
@@ -81,9 +81,9 @@ def read_only_options(options_type, renamed: dict[str, str] | None = None):
 
 
 def cell_step(cell: nn.Module, x: object, state):
-    """A cell's forward (`NTMCell`, `torch_ntm.MANNCell`): one step from ``state`` (None: the
-    initial state), after a clear error unless ``x`` is one step's input ``[batch,
-    cell.input_size]`` in the parameters' dtype and ``state`` fits it."""
+    """A cell's forward (`torch_ntm.base.Cell`: ``NTMCell``, ``MANNCell``, ``DNCCell``): one
+    step from ``state`` (None: the initial state), after a clear error unless ``x`` is one
+    step's input ``[batch, cell.input_size]`` in the parameters' dtype and ``state`` fits it."""
     check_cell_input(cell, x)
     cell._check_dtype(x)
     if state is None:
@@ -98,7 +98,7 @@ def one_dtype(y: Tensor, state, x: Tensor):
     leaves it mixed (the linear layers' outputs, so the weightings and reads, in the low
     precision; the memory and LSTM cells in the parameters'), and a state passed back is
     checked against the input's dtype."""
-    if torch.is_autocast_enabled(x.device.type):  # an NTMState or a MANNState
+    if torch.is_autocast_enabled(x.device.type):  # any model's state
         state = state.map(lambda t: t.to(x.dtype))
     return y, state
 
@@ -115,7 +115,7 @@ def check_input_dtype(module: nn.Module, x: Tensor, dtype: torch.dtype) -> None:
 
 
 def check_state_tensors(state, ref: Tensor) -> None:
-    """Every tensor of ``state`` (an `NTMState` or `torch_ntm.MANNState`) in the dtype and on the
+    """Every tensor of ``state`` (a `torch_ntm.states` state) in the dtype and on the
     device of the input ``ref``, or a clear error naming the first that is not."""
     for name, t in state.tensors().items():
         if t.dtype != ref.dtype:

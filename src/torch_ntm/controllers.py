@@ -1,8 +1,8 @@
-"""The controllers an NTM or a MANN can have: a stack of LSTM cells, or of feed-forward layers.
+"""The controllers a memory model can have: a stack of LSTM cells, or of feed-forward layers.
 
 Each is ``(x, state) -> (h, state)`` with an ``initial_state(batch_size)`` (learned for the
-LSTM) and ``reset_parameters()``; `CONTROLLERS` names them for `torch_ntm.NTM`'s
-``controller=`` argument.
+LSTM) and ``reset_parameters()``; `CONTROLLERS` names them for the ``controller=`` argument of
+`torch_ntm.NTM` and `torch_ntm.DNC` (a `torch_ntm.MANN`'s is always one LSTM layer).
 """
 
 from __future__ import annotations

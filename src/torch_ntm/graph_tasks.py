@@ -35,9 +35,7 @@ Sequences of a batch have their own graphs and lengths; a shorter one is padded 
 zero inputs, zero targets and a false mask. All randomness comes from the ``generator`` argument,
 so a fixed seed gives fixed tensors. Graphs are built one sequence at a time (a nearest-neighbour
 sort and, for shortest paths, a breadth-first search from every node), a Python loop over the
-batch on plain lists, made tensors once: a batch of 16 at the default sizes took 8 ms
-(traversal) and 11 ms (shortest path) on one CPU thread beside two training runs, at 30 nodes
-18 and 33 ms.
+batch on plain lists, made tensors once (what that costs: docs/speed.md, "Data").
 
 The size knob is the number of nodes, the training range ``min_nodes..max_nodes``; a curriculum
 (``ntm train --set curriculum_start=N``, `Task.up_to`) trains on graphs of up to N nodes first and

@@ -45,12 +45,9 @@ _MANN_JITTER = {"reflections": True, "max_angle": 20.0, "max_shift": 2.5, "max_s
                 "max_shear": 0.3}
 _BIT_ADAM = {"optimizer": "adam", "batch_size": 16, "clip_value": 0.0, "clip_norm": 10.0}
 # The DNC paper's graph tasks: batches of 16 and the global gradient norm clipped at 50, as in
-# DeepMind's reference DNC training script, but Adam at 1e-3 in place of its RMSProp at 1e-4
-# (in a 400 s probe on one core RMSProp got no traversal query right, Adam 7%:
-# docs/results/dnc.md); no curriculum: every size of the task's 3..10 from the start (a
-# curriculum from 3 nodes kept the DNC on graphs it answered from its controller, 25% of
-# traversal queries right on 3-10 nodes after 4M sequences; without one, 97% after 500,000);
-# memory for the 90 edges of a 30-node graph when evaluating.
+# DeepMind's reference DNC training script, but Adam at 1e-3 in place of its RMSProp at 1e-4, and
+# no curriculum (every size of the task's 3..10 from the start); memory for the 90 edges of a
+# 30-node graph when evaluating. Why each (measured): docs/presets.md and docs/results/dnc.md.
 _GRAPH = {"optimizer": "adam", "lr": 1e-3, "batch_size": 16, "clip_value": 0.0,
           "clip_norm": 50.0, "eval_every": 200, "memory_size": 64, "memory_width": 32,
           "eval_memory_size": 128}
