@@ -242,12 +242,12 @@ def test_gradcheck_tiny():
 def test_native_engine_is_what_runs(monkeypatch):
     """The tests above compare the native engine, not the eager loop run twice: where the
     library runs (grad mode or not), `DNC.forward` calls it."""
-    import torch_ntm.dnc as dnc_module
+    from torch_ntm.engines import dnc as native
 
     def refuse(*args):
         raise RuntimeError("native engine called")
 
-    monkeypatch.setattr(dnc_module.native, "forward", refuse)
+    monkeypatch.setattr(native, "forward", refuse)
     dnc = build(14)
     x = rand(3, 2, IN, seed=26)
     for engine in ("auto", "native"):
@@ -267,7 +267,7 @@ def test_native_engine_is_what_runs(monkeypatch):
     ({"sparse_link": 3}, "the exact link matrix, not sparse_link"),
 ])
 def test_the_models_it_does_not_serve_run_eager_saying_why(options, why, caplog, monkeypatch):
-    monkeypatch.setattr(engines, "_SAID", set())  # said once per process: maybe said before
+    monkeypatch.setattr(engines.common, "_SAID", set())  # said once per process: maybe said before
     dnc = build(15, **options)
     x = rand(4, 2, IN, seed=27)
     assert dnc.runs_on(x) == "eager"

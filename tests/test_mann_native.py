@@ -290,12 +290,12 @@ def test_paper_sized_memory():
 def test_native_engine_is_what_runs(monkeypatch):
     """The tests above compare the native engine, not the eager loop run twice: where the
     library runs (grad mode or not), `MANN.forward` calls it; under torch.func it does not."""
-    import torch_ntm.mann as mann_module
+    from torch_ntm.engines import mann as native
 
     def refuse(*args):
         raise RuntimeError("native engine called")
 
-    monkeypatch.setattr(mann_module.native, "forward", refuse)
+    monkeypatch.setattr(native, "forward", refuse)
     mann = build(14)
     mann.engine = "native"
     x = rand(3, 2, IN, seed=26)

@@ -7,7 +7,6 @@ import torch
 from torch import Tensor, nn
 
 from torch_ntm import engines
-from torch_ntm.engines import graphs
 
 __all__ = ["LSTMBaseline"]
 
@@ -84,6 +83,8 @@ class LSTMBaseline(nn.Module):
             )
         steps = x.transpose(0, 1) if self.batch_first else x
         if engines.choose(self, steps, None) == "graphs":
+            from torch_ntm.engines import graphs
+
             if state is None:
                 state = self.initial_state(steps.shape[1], steps.device, steps.dtype)
             y, state = graphs.forward(self, steps, tuple(state), self._step)

@@ -38,7 +38,6 @@ from torch_ntm import engines
 from torch_ntm.base import Cell, MemoryModule
 from torch_ntm.checks import choice, positive_int
 from torch_ntm.controllers import CONTROLLERS
-from torch_ntm.engines import dnc as native
 from torch_ntm.layout import DNCLayout
 from torch_ntm.sequence import SequenceModel
 from torch_ntm.states import DNCState
@@ -232,8 +231,7 @@ class DNC(SequenceModel, _DNCBase):
         logits, state = dnc(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
-    _native_engine = native
-    _native_call = native.DNCCall
+    _native = "dnc"
     _trace_type = DNCTrace
 
     def _trace_row(self, state: DNCState, access) -> tuple:

@@ -31,7 +31,6 @@ from torch_ntm import engines
 from torch_ntm import functional as ntmf
 from torch_ntm.base import Cell, MemoryModule
 from torch_ntm.checks import positive_int
-from torch_ntm.engines import mann as native
 from torch_ntm.layout import LRUALayout
 from torch_ntm.model import MEMORY_INIT_CONSTANT
 from torch_ntm.sequence import SequenceModel
@@ -291,5 +290,4 @@ class MANN(SequenceModel, _MANNBase):
         logits, state = mann(x)             # x: (T, B, 25) -> logits (T, B, 5)
     """
 
-    _native_engine = native
-    _native_call = native.MANNCall
+    _native = "mann"

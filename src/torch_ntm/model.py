@@ -29,7 +29,6 @@ from torch_ntm import engines
 from torch_ntm.base import Cell, MemoryModule
 from torch_ntm.checks import bound, choice, positive_int
 from torch_ntm.controllers import CONTROLLERS
-from torch_ntm.engines import ntm as native
 from torch_ntm.layout import HeadLayout, HeadParameters
 from torch_ntm.sequence import SequenceModel
 from torch_ntm.states import NTMState
@@ -252,8 +251,7 @@ class NTM(SequenceModel, _NTMBase):
         logits, state = ntm(x)              # x: (T, B, 9) -> logits (T, B, 8)
     """
 
-    _native_engine = native
-    _native_call = native.NTMCall
+    _native = "ntm"
     _trace_type = NTMTrace
 
     def _trace_row(self, state: NTMState, heads) -> tuple:

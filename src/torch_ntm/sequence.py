@@ -17,7 +17,6 @@ from torch.nn.utils.rnn import PackedSequence
 
 from torch_ntm import engines
 from torch_ntm.checks import one_dtype, sequence_layout, time_major
-from torch_ntm.engines import graphs
 from torch_ntm.packed import forward_packed
 
 __all__ = ["SequenceModel"]
@@ -27,9 +26,8 @@ class SequenceModel:
     """A model over sequences, in front of a `torch_ntm.base.MemoryModule` (its parameters,
     ``State``, ``initial_state``, checks and ``_step(x_t, state) -> (y_t, state)``).
 
-    A subclass names its native engine: ``_native_engine``, the module whose ``forward(model, x,
-    state)`` runs a time-major sequence, and ``_native_call``, the description
-    `torch_ntm.engines.choose` checks a call against (both None without one); and, if it
+    A subclass names its native engine (``_native``: its row of `torch_ntm.engines.calls.NATIVE`,
+    None without one; the engine's module is imported on the first native call), and, if it
     records a trace, its type (``_trace_type``) and ``_trace_row``.
 
     Args (beyond the model's):
@@ -38,8 +36,7 @@ class SequenceModel:
             ``model.engine``.
     """
 
-    _native_engine: ClassVar[object | None] = None
-    _native_call: ClassVar[object | None] = None
+    _native: ClassVar[str | None] = None
     _trace_type: ClassVar[type | None] = None  # what `trace` records, if the model has one
 
     def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
@@ -62,7 +59,7 @@ class SequenceModel:
         (`torch_ntm.engines.choose`). On a GPU, a shape whose capture failed is ``"eager"``
         from then on."""
         steps = x.transpose(0, 1) if self.batch_first and x.dim() == 3 else x
-        return engines.choose(self, steps, self._native_call)
+        return engines.choose(self, steps, engines.native_call(self._native))
 
     def extra_repr(self) -> str:
         return (super().extra_repr() + (", batch_first=True" if self.batch_first else "")
@@ -121,10 +118,12 @@ class SequenceModel:
         if torch.compiler.is_exporting():
             return self._forward_scan(x, state)
         x, state = self._prepare(x, state)  # time-major, checked
-        engine = engines.choose(self, x, self._native_call)
+        engine = engines.choose(self, x, engines.native_call(self._native))
         if engine == "native":
-            y, state = self._native_engine.forward(self, x, state)
+            y, state = engines.native(self._native).forward(self, x, state)
         elif engine == "graphs":
+            from torch_ntm.engines import graphs
+
             y, state = graphs.forward(self, x, self._loop_state(state), self._step)
             state = self._public_state(state)
         else:

@@ -20,56 +20,25 @@ The same function as the eager loop, to float rounding; the free list is the sam
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from torch_ntm.engines import carried, first_order_only, library, lstm_input_side
+from torch_ntm.engines import library
+from torch_ntm.engines.calls import DNCCall
+from torch_ntm.engines.common import carried, first_order_only, lstm_input_side
 from torch_ntm.layout import DNC_FIELDS, DNCLayout
+from torch_ntm.states import DNCState
 
-if TYPE_CHECKING:
-    from torch_ntm.dnc import DNC, DNCState
-
-__all__ = ["DESCRIPTIONS", "DNCCall", "forward"]
+__all__ = ["DNCCall", "forward"]
 
 # The interface fields' names, in `torch_ntm.layout.DNC_FIELDS` order: `DNCCall` has where each
 # starts.
 _FIELDS = tuple(field.name for field in DNC_FIELDS)
 
 
-class DNCCall(library.Description):
-    """The static sizes of a call of the DNC's kernels (``torch_ntm_dnc_forward``,
-    ``torch_ntm_dnc_backward``): the C++ struct of the same name in the generated ``calls.h``."""
-
-    _fields_ = [
-        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
-        ("controller", ctypes.c_int64), ("read_heads", ctypes.c_int64),  # C, R
-        ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # W, N
-        ("fields", ctypes.c_int64),  # P, the interface layer's outputs
-        # where each field of the interface starts among them (DNC_FIELDS' order)
-        *((name, ctypes.c_int64) for name in _FIELDS),
-        ("keep_all", ctypes.c_int64),  # every step's state, for the backward
-    ]
-    name = "dnc"
-    sources = ("dnc.cpp",)
-
-    @staticmethod
-    def why_not(model: DNC) -> str | None:
-        """Why the kernels cannot run ``model``, or None if they can."""
-        if model.controller_type != "lstm" or model.controller_layers != 1:
-            return ("the native DNC engine runs a one-layer LSTM controller, not "
-                    f"{model.controller_layers} {model.controller_type} layer(s)")
-        if model.write_heads != 1:
-            return f"the native DNC engine runs one write head, not {model.write_heads}"
-        if model.sparse_link is not None:
-            return "the native DNC engine runs the exact link matrix, not sparse_link"
-        return None
-
-
-DESCRIPTIONS = (DNCCall,)
 
 
 class _Buffers(NamedTuple):
@@ -115,7 +84,7 @@ class _Config(NamedTuple):
                        self.fields, *self.starts, int(keep))
 
 
-def _config(model: DNC) -> _Config:
+def _config(model: nn.Module) -> _Config:
     layout = model.head_layout
     starts, start = [], 0
     for heads, width in layout.fields.values():  # DNC_FIELDS' order, as _FIELDS
@@ -227,7 +196,7 @@ def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, lin
             precedence[:, 0], w_read, w_write[:, 0]]
 
 
-def forward(model: DNC, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
+def forward(model: nn.Module, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
     """``model``'s sequence by the native engine.
 
     Args:

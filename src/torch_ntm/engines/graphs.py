@@ -33,7 +33,7 @@ What the engine guarantees about a capture:
 
 The backward is a replay, which autograd cannot differentiate: under ``create_graph=True`` (a
 second derivative may follow) it is computed again through the eager loop instead
-(`engines.first_order_only`), as for the native engine.
+(`common.first_order_only`), as for the native engine.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ import torch
 from torch import Tensor
 from torch.utils import _pytree as pytree
 
-from torch_ntm import engines
+from torch_ntm.engines import common
 
 __all__ = ["BUCKET_SIZES", "CaptureError", "bucket", "masked_loop", "forward", "why_not"]
 
@@ -98,7 +98,7 @@ def why_not(model: torch.nn.Module, x: Tensor) -> str | None:
         return _failed_reason(bucket(x.shape[0]), x, failed)
     if x.device.type != "cuda":
         return f"the graphs engine runs on a CUDA GPU, not {x.device.type}"
-    if engines.eager_only():
+    if common.eager_only():
         return "a torch.func transform or forward-mode AD is active"
     if torch.is_autocast_enabled(x.device.type):
         return "torch.autocast is enabled (a graph keeps the dtypes it was captured with)"
@@ -268,7 +268,7 @@ class _Replay(torch.autograd.Function):
         return tuple(o.detach().clone() for o in graphs.outputs)
 
     @staticmethod
-    @engines.first_order_only
+    @common.first_order_only
     def backward(ctx, *grads: Tensor):
         graphs = ctx.graphs
         for static, g in zip(graphs.grad_outputs, grads):
@@ -365,7 +365,7 @@ def forward(model: torch.nn.Module, x: Tensor, state, step):
         if cache[key] is None:
             gc.collect()  # the failed capture's graphs and tensors, held by its traceback
             _FAILED.setdefault(model, {})[_shape(x)] = why
-            engines.say_eager(model, _failed_reason(size, x, why))
+            common.say_eager(model, _failed_reason(size, x, why))
     graphs = cache[key]
     if graphs is None:
         y, final = masked_loop(step, x, torch.ones(T, dtype=torch.bool, device=x.device), state)

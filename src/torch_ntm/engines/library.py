@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ctypes
 import hashlib
-import importlib
 import logging
 import os
 import subprocess
@@ -27,6 +26,8 @@ import threading
 from pathlib import Path
 
 import torch
+
+from torch_ntm.engines.calls import DESCRIPTIONS, Description
 
 __all__ = ["DTYPES", "Description", "available", "call", "data", "error", "header",
            "keep_freed_memory", "keep_freed_memory_once", "library", "prepare"]
@@ -39,20 +40,6 @@ DTYPES = {torch.float32: 0, torch.float64: 1}  # the dtypes the kernels compute 
 # there is none.
 _LIBRARY: dict = {}
 _BUILDING = threading.Lock()  # held while a thread builds or loads a library
-# The modules whose `Description`s and kernels the library holds (each imports this one).
-_ENGINES = ("torch_ntm.engines.ntm", "torch_ntm.engines.mann", "torch_ntm.engines.dnc")
-
-
-class Description(ctypes.Structure):
-    """The static sizes of a kernel call: subclasses declare ``_fields_`` of ``c_int64``,
-    ``c_double`` and fixed arrays of them, and may add C++ declarations the struct's readers need
-    (``cpp``: enums of indices into its arrays, say). `header` writes the C++ struct. ``name``: the
-    kernels' name (a model's: ``"ntm"``); ``sources``: the files in csrc/ with the kernels that
-    take it (several compile on several cores)."""
-
-    cpp: str = ""
-    name: str = ""
-    sources: tuple[str, ...] = ()
 
 
 _C_TYPES = {ctypes.c_int64: "int64_t", ctypes.c_double: "double"}
@@ -64,8 +51,8 @@ def _c_field(name: str, ctype) -> str:
     return f"{_C_TYPES[ctype]} {name};"
 
 
-def _descriptions() -> list[type[Description]]:
-    return [d for module in _ENGINES for d in importlib.import_module(module).DESCRIPTIONS]
+def _descriptions() -> tuple[type[Description], ...]:
+    return DESCRIPTIONS  # the engine table's (`torch_ntm.engines.calls`)
 
 
 def header() -> str:

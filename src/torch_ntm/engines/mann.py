@@ -17,42 +17,21 @@ chosen by the same rules (a stable sort's first H rows, the first minimum), so w
 
 from __future__ import annotations
 
-import ctypes
 import functools
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
-from torch import Tensor
+from torch import Tensor, nn
 
-from torch_ntm.engines import carried, first_order_only, library, lstm_input_side
+from torch_ntm.engines import library
+from torch_ntm.engines.calls import MANNCall
+from torch_ntm.engines.common import carried, first_order_only, lstm_input_side
 from torch_ntm.layout import LRUALayout
+from torch_ntm.states import MANNState
 
-if TYPE_CHECKING:
-    from torch_ntm.mann import MANN, MANNState
-
-__all__ = ["DESCRIPTIONS", "MANNCall", "forward"]
+__all__ = ["MANNCall", "forward"]
 
 
-class MANNCall(library.Description):
-    """The static sizes of a call of the MANN's kernels (``torch_ntm_mann_forward``,
-    ``torch_ntm_mann_backward``): the C++ struct of the same name in the generated ``calls.h``."""
-
-    _fields_ = [
-        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
-        ("controller", ctypes.c_int64), ("heads", ctypes.c_int64),  # C, H
-        ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # M, N
-        # Each head's outputs of the head layer, and where alpha, add (-1: the key is written)
-        # and beta (-1: beta = 1) lie among them (the key first), from `MANN.head_fields`.
-        ("fields", ctypes.c_int64), ("alpha", ctypes.c_int64), ("add", ctypes.c_int64),
-        ("beta", ctypes.c_int64),
-        ("keep_all", ctypes.c_int64),  # every step's state, for the backward
-        ("decay", ctypes.c_double),  # the usage decay gamma
-    ]
-    name = "mann"
-    sources = ("mann.cpp",)
-
-
-DESCRIPTIONS = (MANNCall,)
 
 
 class _Buffers(NamedTuple):
@@ -93,7 +72,7 @@ class _Config(NamedTuple):
                         self.fields, self.alpha, self.add, self.beta, int(keep), self.decay)
 
 
-def _config(model: MANN) -> _Config:
+def _config(model: nn.Module) -> _Config:
     fields = model.head_layout.fields
     offsets, start = {}, 0
     for name, width in fields.items():
@@ -206,7 +185,7 @@ def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_r
     return [torch.stack(hs), torch.stack(all_reads), cell, memory, usage, w_read, least_used]
 
 
-def forward(model: MANN, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
+def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
     """``model``'s sequence by the native engine.
 
     Args:

@@ -21,56 +21,29 @@ N memory rows, M row width, S = 2R + 1 shifts, Hr / Hw read / write heads, P hea
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import math
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor
+from torch import Tensor, nn
 
-from torch_ntm.engines import carried, first_order_only, lstm_gate_order
-from torch_ntm.engines.library import Description, call, data, keep_freed_memory_once
-from torch_ntm.layout import HEAD_FIELDS, HeadLayout, NTMState
+from torch_ntm.engines.calls import NTM_BLOCKS as _BLOCKS
+from torch_ntm.engines.calls import NTMCall
+from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order
+from torch_ntm.engines.library import call, data, keep_freed_memory_once
+from torch_ntm.layout import HEAD_FIELDS, HeadLayout
+from torch_ntm.states import NTMState
 
-if TYPE_CHECKING:
-    from torch_ntm.model import NTM
+__all__ = ["NTMCall", "forward", "head_blocks"]
 
-__all__ = ["DESCRIPTIONS", "NTMCall", "forward", "head_blocks"]
-
-# The kernels' blocks of the head layer's rows, by activation, in this order; in each block the
-# fields of that activation in `HEAD_FIELDS` order, each the write heads' before the read heads'.
-_BLOCKS = ("tanh", "sigmoid", "softplus", "softmax")
+# The kernels' blocks of the head layer's rows, by activation, in `_BLOCKS` order; in each block
+# the fields of that activation in `HEAD_FIELDS` order, each the write heads' before the read
+# heads'.
 _KINDS = ("write", "read")
 
 
-class NTMCall(Description):
-    """The static sizes of a call of the NTM's kernels (``torch_ntm_forward``,
-    ``torch_ntm_backward``): the C++ struct of the same name in the generated ``calls.h``."""
-
-    _fields_ = [
-        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
-        ("layers", ctypes.c_int64), ("hidden", ctypes.c_int64),  # L, C
-        ("read_heads", ctypes.c_int64), ("write_heads", ctypes.c_int64),  # Hr, Hw
-        ("width", ctypes.c_int64), ("rows", ctypes.c_int64), ("shifts", ctypes.c_int64),  # M, N, S
-        ("lstm", ctypes.c_int64), ("keep_all", ctypes.c_int64),
-        # The permuted head layer: where each block ends (the tanh block starts at 0), and where
-        # head 0 of each kind has each field (`field_start[2 * field + kind]`, kind 0 write, 1
-        # read; -1: that kind has no such field) and the field's width.
-        ("block_end", ctypes.c_int64 * len(_BLOCKS)),
-        ("field_start", ctypes.c_int64 * (2 * len(HEAD_FIELDS))),
-        ("field_width", ctypes.c_int64 * len(HEAD_FIELDS)),
-        ("beta_cap", ctypes.c_double), ("gamma_cap", ctypes.c_double),  # 0: none
-        ("tiny", ctypes.c_double),  # the dtype's smallest normal number
-    ]
-    name = "ntm"
-    sources = ("ntm_forward.cpp", "ntm_backward.cpp")
-    cpp = "enum HeadField : int { " + ", ".join(
-        f"{f.name.upper()} = {i}" for i, f in enumerate(HEAD_FIELDS)) + " };"
-
-
-DESCRIPTIONS = (NTMCall,)
 
 
 class _Blocks(NamedTuple):
@@ -159,7 +132,7 @@ class _Plan(NamedTuple):
 _PLANS: dict = {}
 
 
-def _plan(model: NTM, device: torch.device) -> _Plan:
+def _plan(model: nn.Module, device: torch.device) -> _Plan:
     """The `_Plan` of ``model`` on ``device``, cached on its options."""
     opt = model.options
     key = (tuple(vars(opt).values()), str(device))
@@ -178,7 +151,7 @@ def _plan(model: NTM, device: torch.device) -> _Plan:
     return plan
 
 
-def _parameters(plan: _Plan, model: NTM, x: Tensor):
+def _parameters(plan: _Plan, model: nn.Module, x: Tensor):
     """The weights in the kernels' layout (differentiably, contiguous), and ``xpre [T, B, G]``,
     layer 0's input projection of every step (bias included)."""
     cfg = plan.cfg
@@ -449,7 +422,7 @@ def _sequence(cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write, 
     return (buf.hs, buf.reads, buf.mem[last], buf.wr[last], buf.ww[last], *controller)
 
 
-def forward(model: NTM, x: Tensor, state: NTMState) -> tuple[Tensor, NTMState]:
+def forward(model: nn.Module, x: Tensor, state: NTMState) -> tuple[Tensor, NTMState]:
     """``model(x, state)`` by the native engine, time-major: ``x [T, B, input_size]`` (checked
     by the model) -> ``(logits [T, B, output_size], final state)``. Inputs are made contiguous
     here, once, as the library reads them by address. The first call in a process also calls
