@@ -68,6 +68,7 @@ def test_evaluate_table_and_memory_size_override(trained, capsys):
     assert out[1].split()[:2] == ["4", "4"]
 
 
+@pytest.mark.slow
 def test_plot_writes_png_figures(trained, tmp_path, capsys):
     assert main(["plot", str(trained), "--out", str(tmp_path / "fig"), "--length", "3"]) == 0
     names = {p.name for p in (tmp_path / "fig").iterdir()}
@@ -77,6 +78,7 @@ def test_plot_writes_png_figures(trained, tmp_path, capsys):
         assert p.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+@pytest.mark.slow
 def test_plot_runs_the_example_with_the_rows_evaluate_would(tmp_path, monkeypatch):
     """Beyond the training size the example runs with the run's eval_memory_size, as `ntm
     evaluate` scores it; at the training size with the rows it trained with; --memory-size wins.

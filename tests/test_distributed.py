@@ -25,6 +25,7 @@ def run(cmd, tmp_path):
     return done.stdout
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
 def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     run([sys.executable, "-m", "torch_ntm", *ARGS, "--out", str(tmp_path / "one")], tmp_path)
@@ -52,6 +53,7 @@ def test_two_processes_match_one_process_with_the_same_global_batch(tmp_path):
     assert train_costs("two") == pytest.approx(train_costs("one"), rel=1e-4)
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
 def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
     """Each rank read its own clock, so one could stop a step before the other and wait in a

@@ -525,7 +525,6 @@ def test_the_options_give_the_attributes_repr_and_config():
 # --------------------------------------------------------------------------------------------
 
 
-@pytest.mark.slow  # a training: 1-5 s
 def test_it_learns_a_short_copy_task_within_seconds():
     """60 Adam steps on copies of 2-3 four-bit vectors: the held-out loss falls well below the
     chance level (2.5 vectors x 4 bits x ln 2 = 6.9 nats), to ~4.7 in about a second."""

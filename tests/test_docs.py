@@ -7,6 +7,8 @@ import math
 import re
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
 DOCS = ROOT / "docs"
@@ -41,6 +43,7 @@ def test_the_cli_reference_is_generated_from_the_current_parser():
                     assert f"`{option}" in generated, (name, option)
 
 
+@pytest.mark.slow
 def test_the_tutorial_runs_from_a_task_to_a_plotted_model(tmp_path, monkeypatch):
     text = (DOCS / "tutorial.md").read_text()
     code = "\n".join(re.findall(r"```python\n(.*?)```", text, re.S))

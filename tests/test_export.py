@@ -22,6 +22,7 @@ def _check_agrees(program, model, x, *state):
         torch.testing.assert_close(got, want, rtol=1e-10, atol=1e-10)
 
 
+@pytest.mark.slow
 def test_exported_ntm_is_the_eager_function_at_new_lengths_and_batch_sizes():
     # A dynamic batch after other exports in this process (the DNC's, at a fixed batch): torch
     # carries a guard on an earlier program's batch size over, so reset first (docs/guide.md).
@@ -36,6 +37,7 @@ def test_exported_ntm_is_the_eager_function_at_new_lengths_and_batch_sizes():
         _check_agrees(program, model, torch.rand(steps, batch, 9, dtype=torch.float64))
 
 
+@pytest.mark.slow
 def test_exported_batch_first_ntm_takes_a_state_and_carries_it_on():
     torch.manual_seed(1)
     model = NTM(9, 8, memory_size=16, controller="feedforward", batch_first=True,
@@ -48,6 +50,7 @@ def test_exported_batch_first_ntm_takes_a_state_and_carries_it_on():
         _check_agrees(program, model, torch.rand(2, steps, 9, dtype=torch.float64), state)
 
 
+@pytest.mark.slow
 def test_a_program_exported_with_a_state_takes_one_of_another_batch_size():
     """What the README says to pass for a state at batch sizes other than the traced one: the
     batch dimension named in an `NTMState` of dynamic shapes (dim 1 of the LSTM's h and c)."""
@@ -75,6 +78,7 @@ def test_torch_jit_trace_is_refused_with_the_way_to_export():
         torch.jit.trace(NTM(4, 3), (torch.rand(5, 2, 4),))
 
 
+@pytest.mark.slow
 def test_exported_mann_is_the_eager_function_at_new_lengths():
     from torch_ntm import MANN
 

@@ -111,6 +111,7 @@ print("\\n".join(opened))
 """
 
 
+@pytest.mark.slow
 def test_no_data_is_read_from_the_shared_folder(tmp_path):
     """The library ships its Omniglot subset: sampling episodes of both splits and loading the
     shipped model open the package's copy, and nothing in the development checkout's shared/

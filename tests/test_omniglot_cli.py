@@ -163,6 +163,7 @@ def _one_line_error(capsys, argv, message):
     assert err.startswith("ntm: error: ") and message in err and err.count("\n") == 1, err
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("preset", ["mann", "mann-ntm", "lstm"])
 def test_train_evaluate_plot(tmp_path, capsys, preset, monkeypatch):
     run = tmp_path / preset

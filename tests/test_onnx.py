@@ -17,6 +17,7 @@ pytest.importorskip("onnxscript")
 STATE_NAMES = ["h", "c", *NTMState._fields[1:]]  # the LSTM controller's (h, c), then the rest
 
 
+@pytest.mark.slow
 def test_onnx_graph_is_the_eager_function_at_new_lengths(tmp_path):
     torch.manual_seed(0)
     model = NTM(9, 8, memory_size=16, controller_layers=2, read_heads=2, write_heads=2,

@@ -154,6 +154,7 @@ def test_cli_mistakes_end_in_one_line(root, argv, message, capsys):
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", pretrained.names())
 def test_shipped_model_reproduces_its_recorded_validation(name):
     # The exact validation set the model was exported with: a change to the model, the fast
@@ -247,6 +248,7 @@ def test_shipped_ngrams_is_within_a_percent_of_the_bayes_optimal_cost_as_documen
     assert row["cost_bits"] <= 1.01 * row["reference_cost_bits"]
 
 
+@pytest.mark.slow
 def test_shipped_associative_recall_generalises_as_documented(shipped):
     # docs/results/associative-recall.md:
     # `ntm evaluate --pretrained associative_recall --lengths 6,8,10,12,15,20
@@ -257,6 +259,7 @@ def test_shipped_associative_recall_generalises_as_documented(shipped):
     assert [row["perfect"] for row in rows] == pytest.approx([0.996, 0.993], abs=0.01)
 
 
+@pytest.mark.slow
 def test_shipped_dnc_copy_generalises_as_documented():
     # docs/results/dnc.md: `ntm evaluate --pretrained dnc_copy --lengths 20,40,80,120
     # --sequences 1000`: every sequence perfect at each length (trained on L <= 20), with the
@@ -268,6 +271,7 @@ def test_shipped_dnc_copy_generalises_as_documented():
     assert [row["perfect"] for row in rows] == pytest.approx([1.0, 1.0], abs=0.005)
 
 
+@pytest.mark.slow
 def test_shipped_dnc_traversal_answers_as_documented():
     # docs/results/dnc.md: `ntm evaluate --pretrained dnc_traversal --lengths 3,4,5,7,10,20,30
     # --sequences 1000`: 99.8%, 99.3% and 98.2% of queries exactly right at 3, 10 and 30 nodes

@@ -47,6 +47,7 @@ def test_capped_beta_and_gamma_never_exceed_their_caps_even_for_huge_head_output
     assert trace.read_beta.min() > 49 and trace.write_gamma.min() > 50  # the paper's form
 
 
+@pytest.mark.slow
 def test_capped_model_gradcheck():
     ntm = _model(max_beta=1.5, max_gamma=2.0, dtype=torch.float64)
     x = torch.rand(4, 2, 5, dtype=torch.float64)

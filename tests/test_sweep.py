@@ -457,6 +457,7 @@ def test_a_stopped_sweep_reports_the_seeds_that_finished(tmp_path, monkeypatch, 
     assert (out / "report.md").exists()
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_a_killed_sweep_takes_its_trainings_with_it(tmp_path):
     """SIGKILL cannot be caught, so the sweep cannot stop its children itself: the kernel sends

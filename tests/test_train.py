@@ -11,6 +11,7 @@ from torch_ntm.runlog import read_metrics
 from torch_ntm.train import train
 
 
+@pytest.mark.slow
 def test_tiny_copy_is_solved(tmp_path):
     # Copy with L <= 3, 4-bit vectors, a 16x8 memory and a 32-unit LSTM: solved in ~10 s here
     # (seeds 0-3 converged after 8,000-12,800 sequences); the budget leaves room for slower seeds.
