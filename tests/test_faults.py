@@ -96,7 +96,8 @@ def test_a_record_naming_a_file_outside_the_run_is_refused(run, tmp_path, key):
     assert victim.read_bytes() == b"the user's own file"
 
 
-@pytest.mark.parametrize("key, value", [("lr", "x"), ("eps", None), ("betas", [0.9, "y"])])
+@pytest.mark.parametrize("key, value", [("lr", "x"), ("eps", None), ("eps", 0),
+                                        ("betas", [0.9, "y"])])
 def test_a_hand_edited_optimizer_setting_is_a_one_line_error_at_resume(run, capsys, key,
                                                                       value):
     """lr = "x" passed loading and failed at the first step, in torch's Adam ("unsupported
@@ -107,6 +108,16 @@ def test_a_hand_edited_optimizer_setting_is_a_one_line_error_at_resume(run, caps
     err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
                                   "--no-progress", "--set", "max_sequences=8"])
     assert f"optimizer state does not fit this configuration (param_groups {key} is" in err
+
+
+@pytest.mark.parametrize("size", [3.5, 1_000_000, -1, True])
+def test_a_hand_edited_curriculum_size_is_a_one_line_error_at_resume(run, capsys, size):
+    """3.5 and 1000000 gave tracebacks from the task's ``up_to`` at resume."""
+    record = json.loads((run / "checkpoint.json").read_text())
+    edit_record(run, extra={**record["extra"], "curriculum_size": size})
+    err = one_line_error(capsys, ["train", "copy", "--resume", str(run), "--no-plots",
+                                  "--no-progress", "--set", "max_sequences=8"])
+    assert f"extra.curriculum_size is {size!r}, not a size of this task from 1 to 3" in err
 
 
 def _optimizer(ckpt):
@@ -325,6 +336,7 @@ def test_a_second_writer_gets_one_line_and_changes_nothing(run, tmp_path, capsys
                  "--no-plots", "--no-progress"]) == 0  # released: the run continues
 
 
+@pytest.mark.slow
 def test_two_trainings_into_one_directory_at_once(tmp_path):
     """Two real processes: exactly one trains, the other is refused with one line."""
     out = tmp_path / "run"
@@ -479,6 +491,7 @@ def test_sigterm_saves_the_current_step_and_the_resume_is_bit_identical(tmp_path
     assert a.metrics == b.metrics
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("signame", ["SIGINT", "SIGTERM", "SIGHUP"])  # SIGHUP saved nothing
 def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, signame):
     import signal
@@ -511,6 +524,7 @@ def test_a_signal_to_ntm_train_saves_a_checkpoint_and_prints_one_line(tmp_path, 
     assert load_checkpoint(out).step == step + 2
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("limit", [600, 12000])  # metrics.csv; the training state
 def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(tmp_path, limit):
     """A file size limit (ulimit -f) fails some write of a run: the first metrics rows, a
@@ -590,6 +604,7 @@ def uninterrupted(tmp_path_factory):
     return out
 
 
+@pytest.mark.slow
 def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, uninterrupted):
     import random
     import signal
@@ -623,6 +638,7 @@ def test_sigkill_at_random_moments_then_resume_is_bit_identical(tmp_path, uninte
     (6, "after"),  # the first checkpoint.json renamed, superseded files not yet removed
     (7, "after"), (8, "after"),  # the second save: its weights, its training state
     (10, "before")])  # its checkpoint.json, complete under its temporary name
+@pytest.mark.slow
 def test_sigkill_inside_a_save_then_resume_is_bit_identical(tmp_path, uninterrupted, k, when):
     import signal
 
@@ -844,6 +860,7 @@ def test_overwrite_checks_every_file_it_would_remove_before_removing_any(run, tm
     assert snapshot(run) == before and victim.read_bytes() == b"the user's own file"
 
 
+@pytest.mark.slow
 def test_a_sweep_writes_no_log_or_report_through_a_link(tmp_path, capsys):
     """A sweep's seed-0/train.log linked outside was truncated and written; so was report.md."""
     victim = outside_file(tmp_path)
@@ -1175,6 +1192,7 @@ def test_a_second_sweep_into_the_same_folder_is_refused_and_truncates_nothing(tm
     assert not (out / "seed-0" / "checkpoint.json").exists()
 
 
+@pytest.mark.slow
 def test_ray_at_a_dead_address_is_one_line_without_hanging(tmp_path):
     """`--ray` to a dead address hung for over 200 s."""
     pytest.importorskip("ray")
@@ -1197,6 +1215,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_tensorboard_that_cannot_write_is_one_line_without_a_thread_traceback(tmp_path):
     """A one-line permission error was followed by the traceback of TensorBoard's writer
     thread."""

@@ -128,3 +128,35 @@ def test_a_mann_takes_packed_sequences_as_each_alone(engine):
     expected = torch.autograd.grad(expected_loss, list(mann.parameters()))
     for (name, _), a, b in zip(mann.named_parameters(), grads, expected):
         torch.testing.assert_close(a, b, msg=name)
+
+
+def _malformed():
+    """Packed inputs that torch's unpacking trusts and reads out of bounds on (the first aborted
+    the process with heap corruption), or that gave 8 rows for 6 (duplicate indices)."""
+    from torch.nn.utils.rnn import PackedSequence
+
+    ok = pack_sequence(sequences(), enforce_sorted=False)
+    return {
+        "a zero batch size": (PackedSequence(torch.rand(6, 4, dtype=torch.float64),
+                                             torch.tensor([2, 0, 1, 1, 1, 1]), None, None),
+                              "not positive and non-increasing"),
+        "increasing batch sizes": (PackedSequence(torch.rand(6, 4, dtype=torch.float64),
+                                                  torch.tensor([1, 2, 3]), None, None),
+                                   "not positive and non-increasing"),
+        "a row missing": (PackedSequence(ok.data[:-1], ok.batch_sizes, ok.sorted_indices,
+                                         ok.unsorted_indices),
+                          "sum to 17 steps but whose data has 16 rows"),
+        "duplicate indices": (PackedSequence(ok.data, ok.batch_sizes,
+                                             torch.tensor([2, 0, 0, 1, 3]), ok.unsorted_indices),
+                              "sorted_indices is not a permutation of its 5 sequences"),
+        "indices that do not undo each other": (
+            PackedSequence(ok.data, ok.batch_sizes, ok.sorted_indices, torch.arange(5)),
+            "unsorted_indices do not undo its sorted_indices"),
+    }
+
+
+@pytest.mark.parametrize("case", sorted(_malformed()))
+def test_a_malformed_packed_sequence_is_refused_before_torch_reads_it(case):
+    packed, message = _malformed()[case]
+    with pytest.raises(ValueError, match=message):
+        model("eager")(packed)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from typing import ClassVar
 
 import torch
@@ -38,7 +39,11 @@ from torch_ntm.checks import (
 )
 from torch_ntm.controllers import CONTROLLERS, LSTMController
 
-__all__ = ["Cell", "MemoryModule"]
+__all__ = ["Cell", "MAX_STATE_ELEMENTS", "MemoryModule"]
+
+# One sequence's state with more elements than this (8 GiB of float32) is a typo, not a model:
+# refused when the model is built, before a forward asks for it.
+MAX_STATE_ELEMENTS = 1 << 31
 
 
 class MemoryModule(nn.Module):
@@ -77,8 +82,22 @@ class MemoryModule(nn.Module):
             valid = list(inspect.signature(type(self)).parameters)[2:]
             raise TypeError(f"{type(self).__name__} got unexpected keyword argument(s) "
                             f"{', '.join(unknown)}; valid: {', '.join(valid)}")
+        if dtype is not None and not (isinstance(dtype, torch.dtype) and dtype.is_floating_point
+                                      and not dtype.is_complex):
+            raise ValueError(f"{type(self).__name__} computes in a real floating dtype (float32, "
+                             f"float64, bfloat16), got dtype={dtype!r}")
         self.options = self.Options(**options).checked()
         opt = self.options
+        sizes = self._state_shapes(1)
+        elements = sum(math.prod(shape) for shape in sizes.values())
+        if elements > MAX_STATE_ELEMENTS:
+            largest = max(sizes, key=lambda name: math.prod(sizes[name]))
+            fix = ("memory_size or write_heads (the link matrices grow with the square of the "
+                   "rows)" if largest == "link" else "memory_size or memory_width")
+            raise ValueError(f"{type(self).__name__} with memory_size={opt.memory_size} holds "
+                             f"{elements:,} numbers in one sequence's state ({largest} "
+                             f"{list(sizes[largest])} the largest), more than "
+                             f"{MAX_STATE_ELEMENTS:,}: lower {fix}")
         features = self._build_encoder(factory)  # what the controller reads of a step
         self.head_layout = self._layout()
         reads = opt.read_heads * opt.memory_width

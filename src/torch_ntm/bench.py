@@ -56,11 +56,15 @@ def _model(task, memory_size: int, engine: str = "auto", device="cpu", model: st
                 device=device)
 
 
-def check_memory_size(rows: int, model: str = "ntm") -> None:
+def check_memory_size(rows: int, model: str = "ntm", batch_size: int = 1) -> None:
     """Raise the model's own `ValueError` if the bench's model cannot have ``rows`` memory rows
-    (too few for its shifts or heads), before any timing: built on the meta device, no memory
-    used."""
-    _model(CopyTask(), rows, device="meta", model=model)
+    (too few for its shifts or heads), or a `torch_ntm.config.ConfigError` if its state for
+    ``batch_size`` sequences (at least 64) is too large (`torch_ntm.config.check_state_size`),
+    before any timing: built on the meta device, no memory used."""
+    from torch_ntm.config import check_state_size
+
+    check_state_size(_model(CopyTask(), rows, device="meta", model=model), batch_size,
+                     "ntm bench", "--memory-size")
 
 
 class _Runner:
@@ -157,6 +161,7 @@ def run_bench(
     batch_sizes = default_batches if batch_sizes is None else batch_sizes
     memory_sizes = default_rows if memory_sizes is None else memory_sizes
     check_memory_size(min(memory_sizes), model)  # and the model's name
+    check_memory_size(max(memory_sizes), model, max(batch_sizes))
     for engine in engines:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")

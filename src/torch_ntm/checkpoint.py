@@ -135,9 +135,13 @@ def _optimizer_join(tensors: dict, meta: dict) -> dict:
         # value of another type passed loading and failed at the first step, and a NaN or
         # negative rate trained on
         for key in ("lr", "eps", "weight_decay", "momentum", "alpha", "dampening"):
-            if key in group and not (_number(group[key]) and 0 <= group[key] < math.inf):
-                raise ValueError(f"param_groups {key} is {group[key]!r}, not a finite number "
-                                 f">= 0")
+            if key not in group:
+                continue
+            value, positive = group[key], key == "eps"  # eps divides: 0 gives NaN steps
+            if not (_number(value) and (value > 0 if positive else value >= 0)
+                    and value < math.inf):
+                raise ValueError(f"param_groups {key} is {value!r}, not a finite number "
+                                 f"{'> 0' if positive else '>= 0'}")
         if "betas" in group and not (isinstance(group["betas"], list)
                                      and all(_number(b) and 0 <= b < 1 for b in group["betas"])):
             raise ValueError(f"param_groups betas is {group['betas']!r}, not two numbers in "

@@ -32,8 +32,10 @@ def _int_list(text: str) -> list[int]:
 
 def _seed_list(text: str) -> list[int]:
     values = _integers(text)
-    if not values or min(values) < 0 or len(set(values)) < len(values):
-        raise argparse.ArgumentTypeError(f"expected distinct seeds >= 0, got {text!r}")
+    if (not values or min(values) < 0 or max(values) >= 2**64
+            or len(set(values)) < len(values)):  # torch's seeds end at 2**64 - 1
+        raise argparse.ArgumentTypeError(f"expected distinct seeds from 0 to 2**64 - 1, got "
+                                         f"{text!r}")
     return values
 
 

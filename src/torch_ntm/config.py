@@ -23,7 +23,7 @@ from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
-    "check_data_size", "check_set_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
+    "check_data_size", "check_set_size", "check_state_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
     "check_resume", "list_kind", "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
 ]
 
@@ -193,6 +193,20 @@ class TrainConfig(NTMOptions):
         values = {name: getattr(self, name) for name in names}
         return DNCOptions(**{**values, "sparse_link": self.sparse_link or None})
 
+    def _meta_model(self, memory_size: int):
+        """The model this config describes with ``memory_size`` rows, on the meta device (its
+        shapes, no memory); None for the LSTM baseline, which has no memory."""
+        from torch_ntm import DNC, MANN, NTM
+
+        kinds = {"ntm": (NTM, self.model_options), "mann": (MANN, self.mann_options),
+                 "dnc": (DNC, self.dnc_options)}
+        if self.model not in kinds:
+            return None
+        kind, options = kinds[self.model]
+        task = self.task_params
+        return kind(task.input_size, task.output_size, device="meta",
+                    **{**dataclasses.asdict(options()), "memory_size": memory_size})
+
     def to_dict(self) -> dict:
         """The config as config.json holds it: flat, but for ``task_params``, the task's
         parameters that differ from their defaults."""
@@ -318,6 +332,14 @@ class TrainConfig(NTMOptions):
         check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
         check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
                           key="eval_memory_size")
+        for rows, key in ((self.memory_size, "memory_size"),
+                          (self.eval_memory_size, "eval_memory_size")):
+            if rows:
+                try:
+                    model = self._meta_model(rows)
+                except ValueError as e:  # one sequence's state already too large
+                    raise ConfigError(f"{source}: {key}={rows}: {e}") from None
+                check_state_size(model, self.batch_size, source, key)
         check_sequence_steps(self, source)
         check_data_size(self, source)
         if any(a >= b for a, b in zip(self.lr_milestones, self.lr_milestones[1:])):
@@ -519,6 +541,31 @@ def check_memory_size(memory_size: int, memory_width: int, batch_size: int = 1,
             f"{need / 2**30:.3g} GiB per batch of {max(batch_size, 64)} sequences; the limit is "
             f"{MAX_MEMORY_BYTES / 2**30:g} GiB"
         )
+
+
+def check_state_size(model, batch_size: int = 1, source: str = "config",
+                     key: str = "memory_size") -> None:
+    """Raise `ConfigError` if the state of a batch (at least 64 sequences, as validation and
+    evaluation run) of the memory ``model`` (its shape table, ``_state_shapes``: memory, and for
+    a DNC the N x N link matrices of each write head) would exceed `MAX_MEMORY_BYTES` in
+    float32; ``key`` names the setting to lower. A model without memory passes."""
+    shapes = getattr(model, "_state_shapes", None)
+    if shapes is None:
+        return
+    batch = max(batch_size, 64)
+    parts = {name: math.prod(shape) * 4 for name, shape in shapes(batch).items()}
+    need = sum(parts.values())
+    if need > MAX_MEMORY_BYTES:
+        largest = max(parts, key=parts.get)
+        shape = " x ".join(str(n) for n in shapes(batch)[largest])
+        lower = [key, "memory_width"] if largest != "link" else [key, "write_heads"]
+        raise ConfigError(
+            f"{source}: a {type(model).__name__} state of {need / 2**30:.3g} GiB per batch of "
+            f"{batch} sequences ({largest} {shape} the largest, with {key}={model.memory_size}"
+            + (f" and write_heads={model.write_heads}: the link matrices grow with the square "
+               f"of the rows" if largest == "link" else "")
+            + f") is more than the limit of {MAX_MEMORY_BYTES / 2**30:g} GiB: lower "
+            f"{' or '.join(lower)}")
 
 
 # The keys with a fixed set of values but the model's (`NTMOptions.checked` checks those).

@@ -347,6 +347,7 @@ def empty_sparse_link(batch: int, heads: int, n: int, k: int, dtype: torch.dtype
     Returns:
         `SparseLink` of zeros, ``[B, Hw, N, S]``.
     """
+    _check_k("empty_sparse_link", k)
     slots = min(k, n)
     return SparseLink(torch.zeros(batch, heads, n, slots, dtype=dtype, device=device),
                       torch.zeros(batch, heads, n, slots, dtype=torch.int64, device=device))

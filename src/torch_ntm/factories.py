@@ -8,7 +8,14 @@ import dataclasses
 from torch import nn
 
 from torch_ntm.baseline import LSTMBaseline
-from torch_ntm.config import MAX_PARAMETERS, MODELS, ConfigError, TrainConfig, check_memory_size
+from torch_ntm.config import (
+    MAX_PARAMETERS,
+    MODELS,
+    ConfigError,
+    TrainConfig,
+    check_memory_size,
+    check_state_size,
+)
 from torch_ntm.dnc import DNC
 from torch_ntm.mann import MANN
 from torch_ntm.model import NTM
@@ -52,7 +59,12 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
             on the meta device, before any memory is taken).
     """
     if str(device) != "meta":
-        count = sum(p.numel() for p in build_model(config, task, "meta", **overrides).parameters())
+        meta = build_model(config, task, "meta", **overrides)
+        # its state for a batch (at least 64, as evaluation runs), e.g. `ntm evaluate
+        # --memory-size`: refused before any memory is taken
+        check_state_size(meta, config.batch_size, "the model",
+                         "--memory-size" if "memory_size" in overrides else "memory_size")
+        count = sum(p.numel() for p in meta.parameters())
         if count > MAX_PARAMETERS:
             raise ConfigError(f"the model has {count:,} parameters ({count * 4 / 2**30:.3g} GiB), "
                               f"more than the limit of {MAX_PARAMETERS:,}: lower controller_size "

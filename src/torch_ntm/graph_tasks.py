@@ -93,8 +93,20 @@ def random_graph(nodes: int, min_out: int, max_out: int, labels: int,
         max_out: the most K, ``min_out <= max_out <= labels``.
         labels: how many labels there are (``nodes <= labels``).
         generator: CPU `torch.Generator` supplying all randomness (None: the global one).
+
+    Raises:
+        ValueError: unless the sizes are as above (each node needs its own label, and each of
+            a node's edges one of its own).
     """
     n = nodes
+    for name, value, least in (("nodes", nodes, 2), ("min_out", min_out, 1),
+                               ("labels", labels, 1)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ValueError(f"random_graph needs {name} >= {least}, got {value!r}")
+    if not min_out <= max_out <= labels or nodes > labels:
+        raise ValueError(f"random_graph needs min_out <= max_out <= labels and nodes <= labels "
+                         f"(distinct labels for the nodes and for a node's edges), got "
+                         f"nodes={nodes}, min_out={min_out}, max_out={max_out}, labels={labels}")
     points = torch.rand(n, 2, generator=generator, dtype=torch.float64)
     dist = torch.cdist(points, points).fill_diagonal_(float("inf"))  # never an edge to itself
     low, high = min(min_out, n - 1), min(max_out, n - 1)

@@ -13,7 +13,46 @@ import torch
 from torch import Tensor
 from torch.nn.utils.rnn import PackedSequence, pack_padded_sequence, pad_packed_sequence
 
-__all__ = ["forward_packed", "where_batch"]
+__all__ = ["check_packed", "forward_packed", "where_batch"]
+
+
+def check_packed(x: PackedSequence, name: str) -> None:
+    """A clear error unless ``x`` is a well-formed `PackedSequence` (as
+    `torch.nn.utils.rnn.pack_padded_sequence` makes them), before any torch call trusts it:
+    torch's unpacking reads memory out of bounds on a malformed one and can crash the process.
+
+    ``batch_sizes``: a 1-d int64 CPU tensor of positive, non-increasing counts summing to the
+    data's rows; ``sorted_indices`` and ``unsorted_indices`` (both or neither): permutations of
+    the ``batch_sizes[0]`` sequences, each the other's inverse.
+    """
+    fix = "build it with torch.nn.utils.rnn.pack_padded_sequence or pack_sequence"
+    sizes, data = x.batch_sizes, x.data
+    if not isinstance(data, Tensor) or data.dim() < 1:
+        raise ValueError(f"{name} got a PackedSequence whose data is not a tensor of rows; {fix}")
+    if (not isinstance(sizes, Tensor) or sizes.dim() != 1 or sizes.dtype != torch.int64
+            or sizes.device.type != "cpu" or sizes.numel() == 0):
+        raise ValueError(f"{name} got a PackedSequence whose batch_sizes is not a non-empty 1-d "
+                         f"int64 CPU tensor; {fix}")
+    counts = sizes.tolist()
+    if min(counts) < 1 or any(a < b for a, b in zip(counts, counts[1:])):
+        raise ValueError(f"{name} got a PackedSequence whose batch_sizes {counts[:8]}"
+                         f"{'...' if len(counts) > 8 else ''} are not positive and "
+                         f"non-increasing; {fix}")
+    if sum(counts) != data.shape[0]:
+        raise ValueError(f"{name} got a PackedSequence whose batch_sizes sum to {sum(counts)} "
+                         f"steps but whose data has {data.shape[0]} rows; {fix}")
+    order, inverse = x.sorted_indices, x.unsorted_indices  # PackedSequence makes both or neither
+    if order is not None:
+        batch = counts[0]
+        for label, index in (("sorted_indices", order), ("unsorted_indices", inverse)):
+            if (not isinstance(index, Tensor) or index.dim() != 1 or index.dtype != torch.int64
+                    or index.numel() != batch
+                    or not torch.equal(index.sort().values.cpu(), torch.arange(batch))):
+                raise ValueError(f"{name} got a PackedSequence whose {label} is not a "
+                                 f"permutation of its {batch} sequences; {fix}")
+        if not torch.equal(order[inverse], torch.arange(batch, device=order.device)):
+            raise ValueError(f"{name} got a PackedSequence whose unsorted_indices do not undo "
+                             f"its sorted_indices; {fix}")
 
 
 def where_batch(mask: Tensor, new, old):
@@ -51,6 +90,7 @@ def forward_packed(x: PackedSequence, state: NamedTuple | None, run: Callable, *
         ``(outputs, state)``: the outputs packed exactly as ``x`` is (same ``batch_sizes`` and
         order), and the state after each sequence's own last step.
     """
+    check_packed(x, name)
     padded, lengths = pad_packed_sequence(x)  # [T, B, I] in the order before packing
     if padded.dim() != 3 or padded.shape[2] != input_size:
         raise ValueError(f"{name} expects packed steps of width {input_size}, got "

@@ -370,6 +370,14 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
 
     json_path = find_checkpoint(run_or_checkpoint)
     ckpt = load_checkpoint(json_path)
+    task = ckpt.task()
+    size = size or task.train_size
+    # The rows it runs with: those asked for; beyond the training size the run's generalisation
+    # memory (eval_memory_size), as `ntm evaluate` has it (a repeat copy model trained with 64
+    # rows holds L = 20 only with its 128); else those it trained with. Built before the
+    # folder is made: a model that cannot be built leaves none.
+    overrides = {} if memory_size is None else {"memory_size": memory_size}
+    model = ckpt.model(evaluation=size > task.train_size, **overrides).eval()
     if out_dir is not None:  # the user's choice of folder (a link to one too)
         out = Path(out_dir)
         out.mkdir(parents=True, exist_ok=True)
@@ -377,13 +385,6 @@ def plot_run(run_or_checkpoint: str | os.PathLike, out_dir: str | os.PathLike | 
         out = own_folder(f"figures-{json_path.parent.name}")
     else:
         out = own_folder(json_path.parent / "figures")  # never through a link planted in a run
-    task = ckpt.task()
-    size = size or task.train_size
-    # The rows it runs with: those asked for; beyond the training size the run's generalisation
-    # memory (eval_memory_size), as `ntm evaluate` has it (a repeat copy model trained with 64
-    # rows holds L = 20 only with its 128); else those it trained with.
-    overrides = {} if memory_size is None else {"memory_size": memory_size}
-    model = ckpt.model(evaluation=size > task.train_size, **overrides).eval()
     example_task = task.held_out().with_size(size)  # as evaluation draws
     batch = example_task.sample(1, generator=torch.Generator().manual_seed(seed))
     paths = []

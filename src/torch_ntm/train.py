@@ -558,6 +558,12 @@ class _Run:
         ckpt.load_weights_into(self.model)
         ckpt.restore_train_state(self.optimizer, self.data_gen)  # the lr is in its state
         self.state = _State.from_checkpoint(ckpt)
+        size = self.state.curriculum_size
+        if (isinstance(size, bool) or not isinstance(size, int)
+                or not 0 <= size <= self.task.train_size):
+            raise CheckpointError(f"{ckpt.path}: extra.curriculum_size is {size!r}, not a size "
+                                  f"of this task from 1 to {self.task.train_size} (or 0: no "
+                                  f"curriculum); the record was edited, or is of another task")
         self.saved_step = self.state.step
         if self.spikes is not None:
             self.spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})

@@ -1,0 +1,99 @@
+"""Bad input on the surfaces added with the DNC (issue 59): each a one-line error that names the
+setting, its limit and the fix, before a run folder, an allocation or a training exists."""
+
+import pytest
+import torch
+
+from torch_ntm import DNC, MANN, NTM
+from torch_ntm import dnc_functional as dncf
+from torch_ntm.cli import main
+from torch_ntm.graph_tasks import random_graph
+
+
+def one_line_error(capsys, argv) -> str:
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("ntm: error: ") and "Traceback" not in err, err
+    assert len(err.strip().splitlines()) == 1, err
+    return err
+
+
+@pytest.mark.parametrize("task, sets, what", [
+    ("copy", ["model=dnc", "memory_size=100000", "memory_width=1"],
+     "memory_size=100000: DNC with memory_size=100000 holds 10,000,500,001 numbers in one "
+     "sequence's state (link [1, 1, 100000, 100000] the largest)"),
+    ("traversal", ["write_heads=10000"],
+     "a DNC state of 10.1 GiB per batch of 64 sequences (link 64 x 10000 x 64 x 64 the largest, "
+     "with memory_size=64 and write_heads=10000"),
+    ("copy", ["model=dnc", "eval_memory_size=100000"], "eval_memory_size=100000: DNC with "),
+])
+def test_a_dnc_state_too_large_for_memory_is_refused_before_the_run_folder(
+        tmp_path, capsys, task, sets, what):
+    """Each passed the check, made the run folder, then failed asking for 640 GB (or, for
+    eval_memory_size, after training had finished)."""
+    out = tmp_path / "run"
+    argv = ["train", task, "--out", str(out), *(a for s in sets for a in ("--set", s))]
+    err = one_line_error(capsys, argv)
+    assert what in err and "write_heads" in err and "grow with the square of the rows" in err
+    assert not out.exists()
+
+
+@pytest.mark.parametrize("argv", [
+    ["evaluate", "--pretrained", "dnc_traversal", "--memory-size", "100000"],
+    ["plot", "--pretrained", "dnc_traversal", "--memory-size", "4096"],
+    ["bench", "--model", "dnc", "--memory-size", "100000"],
+])
+def test_a_dnc_memory_size_too_large_for_memory_is_one_line(tmp_path, capsys, argv):
+    if argv[0] == "plot":
+        argv = [*argv, "--out", str(tmp_path / "figures")]
+    err = one_line_error(capsys, argv)
+    assert "the link matrices grow with the square of the rows" in err
+    assert not (tmp_path / "figures").exists()
+
+
+@pytest.mark.parametrize("make", [lambda: DNC(9, 8), lambda: MANN(25, 5),
+                                  lambda: MANN(25, 5, encoder="conv", image_size=4)],
+                         ids=["dnc", "mann", "mann-conv"])
+def test_float16_parameters_are_refused_for_every_model(make):
+    """The DNC and the MANN returned NaN from the first step in float16, even on zeros."""
+    model = make().half()
+    with pytest.raises(ValueError, match="does not run in float16.*bfloat16.*autocast"):
+        model(torch.zeros(3, 2, model.input_size, dtype=torch.float16))
+
+
+@pytest.mark.parametrize("make, message", [
+    (lambda: DNC(9, 8, memory_size=10**12), r"holds 1,000,000,000,023,000,000,000,064 numbers "
+                                            r"in one sequence's state \(link"),
+    (lambda: NTM(9, 8, memory_size=10**9), r"\(memory \[1, 1000000000, 20\] the largest\)"),
+    (lambda: DNC(9, 8, dtype=torch.complex64), "a real floating dtype.*complex64"),
+    (lambda: MANN(9, 5, dtype=torch.int64), "a real floating dtype.*int64"),
+])
+def test_sizes_and_dtypes_a_model_cannot_run_are_refused_when_it_is_built(make, message):
+    with pytest.raises(ValueError, match=message):
+        make()
+
+
+def test_random_graph_refuses_more_nodes_than_labels():
+    """(200, 1, 3, 100) returned 100 labels for 200 nodes without a word."""
+    with pytest.raises(ValueError, match="nodes <= labels.*got nodes=200"):
+        random_graph(200, 1, 3, 100)
+    with pytest.raises(ValueError, match="min_out <= max_out"):
+        random_graph(10, 4, 3, 10)
+    with pytest.raises(ValueError, match="nodes >= 2"):
+        random_graph(1, 1, 1, 10)
+    graph = random_graph(10, 1, 3, 10, torch.Generator().manual_seed(0))
+    assert graph.labels.unique().numel() == 10
+
+
+def test_empty_sparse_link_checks_its_k():
+    with pytest.raises(ValueError, match="empty_sparse_link keeps k >= 1 entries, got k=0"):
+        dncf.empty_sparse_link(2, 1, 5, 0)
+    assert dncf.empty_sparse_link(2, 1, 5, 3).values.shape == (2, 1, 5, 3)
+
+
+def test_evaluate_refuses_a_seed_beyond_torchs(capsys):
+    """``--seeds 18446744073709551616`` (2**64) was a traceback; ``train --seed`` refused it."""
+    with pytest.raises(SystemExit):
+        main(["evaluate", "--pretrained", "copy", "--seeds", str(2**64)])
+    err = capsys.readouterr().err
+    assert "expected distinct seeds from 0 to 2**64 - 1, got '18446744073709551616'" in err
