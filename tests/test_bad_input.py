@@ -20,12 +20,13 @@ def one_line_error(capsys, argv) -> str:
 
 @pytest.mark.parametrize("task, sets, what", [
     ("copy", ["model=dnc", "memory_size=100000", "memory_width=1"],
-     "memory_size=100000: DNC with memory_size=100000 holds 10,000,500,001 numbers in one "
-     "sequence's state (link [1, 1, 100000, 100000] the largest)"),
+     "the model cannot be built from this config: DNC with memory_size=100000 holds "
+     "10,000,500,001 numbers in one sequence's state (link [1, 1, 100000, 100000] the largest)"),
     ("traversal", ["write_heads=10000"],
      "a DNC state of 10.1 GiB per batch of 64 sequences (link 64 x 10000 x 64 x 64 the largest, "
      "with memory_size=64 and write_heads=10000"),
-    ("copy", ["model=dnc", "eval_memory_size=100000"], "eval_memory_size=100000: DNC with "),
+    ("copy", ["model=dnc", "eval_memory_size=100000"],
+     "with eval_memory_size=100000: DNC with memory_size=100000 holds"),
 ])
 def test_a_dnc_state_too_large_for_memory_is_refused_before_the_run_folder(
         tmp_path, capsys, task, sets, what):
@@ -97,3 +98,61 @@ def test_evaluate_refuses_a_seed_beyond_torchs(capsys):
         main(["evaluate", "--pretrained", "copy", "--seeds", str(2**64)])
     err = capsys.readouterr().err
     assert "expected distinct seeds from 0 to 2**64 - 1, got '18446744073709551616'" in err
+
+
+@pytest.mark.parametrize("sets, message", [
+    (["sparse_link=4"], "--set sparse_link: applies to model=dnc, not ntm"),
+    (["model=dnc", "encoder=conv"], "--set encoder: applies to model=mann, not dnc"),
+    (["model=dnc", "shift_range=2"], "--set shift_range: applies to model=ntm, not dnc"),
+    (["model=dnc", "max_beta=5"], "--set max_beta: applies to model=ntm, not dnc"),
+    (["model=lstm", "memory_size=64"], "--set memory_size: applies to model=ntm or mann or dnc"),
+])
+def test_a_key_that_shapes_another_model_is_refused(tmp_path, capsys, sets, message):
+    """They were ignored and written to config.json."""
+    out = tmp_path / "run"
+    err = one_line_error(capsys, ["train", "copy", "--out", str(out),
+                                  *(a for s in sets for a in ("--set", s))])
+    assert message in err and not out.exists()
+
+
+def test_a_dnc_of_one_row_is_not_refused_for_the_ntms_shifts():
+    """A DNC has no shift_range; the NTM's default (1, which needs 3 rows) refused it."""
+    from torch_ntm.presets import resolve_config
+
+    config = resolve_config("copy", overrides=["model=dnc", "memory_size=1", "read_heads=1"])
+    assert (config.model, config.memory_size) == ("dnc", 1)
+
+
+@pytest.mark.parametrize("task, sets, message", [
+    ("traversal", ["task.max_path=100000000"],
+     "takes up to 200,000,030 steps, more than 10,000: lower task.max_nodes or task.max_path"),
+    ("traversal", ["task.max_path=9000"], "takes up to 18,030 steps"),  # one sample passed it
+    ("traversal", ["task.digits=9"], "digits=9 draws labels from 10**9 values; at most 4"),
+    ("traversal", ["task.digits=19"], "digits=19 draws labels from 10**19 values"),
+    ("shortest_path", ["task.min_path=50", "task.max_path=60"],
+     "min_path=50 edges is longer than any path in a graph of max_nodes=10 nodes"),
+    ("shortest_path", ["task.min_path=9", "task.max_path=10"],
+     "no pair with a unique shortest path of 9..10 edges"),
+])
+def test_graph_task_sizes_are_bounded_before_anything_is_drawn(tmp_path, capsys, task, sets,
+                                                               message):
+    """max_path=100000000 drew for 170 s and 7.5 GB, digits>=19 overflowed, min_path=50 was a
+    traceback, and min_path=9 made the run folder, then failed drawing the validation set."""
+    out = tmp_path / "run"
+    err = one_line_error(capsys, ["train", task, "--out", str(out),
+                                  *(a for s in sets for a in ("--set", s))])
+    assert message in err and not out.exists()
+
+
+@pytest.mark.parametrize("name", ["traversal", "shortest_path"])
+def test_a_graph_tasks_max_steps_bounds_every_sequence(name):
+    from torch_ntm.tasks import make_task
+
+    task = make_task(name)
+    lengths = [task.sample(1, torch.Generator().manual_seed(s)).inputs.shape[0]
+               for s in range(40)]
+    assert max(lengths) <= task.max_steps
+    fixed = make_task(name, min_nodes=6, max_nodes=6, min_out=2, max_out=2, min_path=3,
+                      max_path=3)  # every sequence as long as it can be: the bound is reached
+    if name == "traversal":
+        assert fixed.sample(4).inputs.shape[0] == fixed.max_steps == 6 * 2 + 2 * 3 + 0

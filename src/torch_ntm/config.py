@@ -15,6 +15,7 @@ import math
 import typing
 from dataclasses import dataclass, field
 
+from torch_ntm.checks import positive_int
 from torch_ntm.dnc import DNCOptions
 from torch_ntm.engines import ENGINES, LEGACY_ENGINES
 from torch_ntm.mann import MANNOptions
@@ -24,12 +25,19 @@ from torch_ntm.tasks import TASKS, Task, make_task
 __all__ = [
     "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
     "check_data_size", "check_set_size", "check_state_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
-    "check_resume", "list_kind", "MODELS", "OPTIMIZERS", "RESUMABLE", "differing_keys",
+    "check_resume", "list_kind", "MODELS", "MODEL_KEYS", "OPTIMIZERS", "RESUMABLE",
+    "differing_keys",
 ]
 
-# The models a config can train: an `NTM`, the paper's LSTM baseline, or a `torch_ntm.mann.MANN`
-# (LRUA memory, Santoro et al. 2016).
+# The models a config can train: an `NTM`, the paper's LSTM baseline, a `torch_ntm.mann.MANN`
+# (LRUA memory, Santoro et al. 2016) or a `torch_ntm.dnc.DNC`.
 MODELS = ("ntm", "lstm", "mann", "dnc")
+# The config keys that shape each model (its options' fields): a key of another model's only
+# is refused when set (`torch_ntm.overrides.apply_overrides`), rather than ignored and recorded.
+MODEL_KEYS = {"ntm": frozenset(f.name for f in dataclasses.fields(NTMOptions)),
+              "mann": frozenset(f.name for f in dataclasses.fields(MANNOptions)),
+              "dnc": frozenset(f.name for f in dataclasses.fields(DNCOptions)),
+              "lstm": frozenset({"controller_size", "controller_layers"})}
 OPTIMIZERS = ("rmsprop", "adam")  # the paper's, and Adam (`torch_ntm.train.make_optimizer`)
 
 
@@ -304,12 +312,14 @@ class TrainConfig(NTMOptions):
             if not test(value):
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
         self.check_choices(source)
-        try:
-            self.model_options().checked()
-            if self.model == "mann":
-                self.mann_options().checked()
-            if self.model == "dnc":
-                self.dnc_options().checked()
+        options = {"ntm": self.model_options, "mann": self.mann_options,
+                   "dnc": self.dnc_options}.get(self.model)
+        try:  # the options of the model it builds (a DNC has no shift_range to fit its rows)
+            if options is not None:
+                options().checked()
+            else:  # the LSTM baseline
+                for key in ("controller_size", "controller_layers"):
+                    positive_int(key, getattr(self, key))
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
         for what, kind in (("held_out", "held-out data (evaluation)"),
@@ -335,13 +345,21 @@ class TrainConfig(NTMOptions):
         for rows, key in ((self.memory_size, "memory_size"),
                           (self.eval_memory_size, "eval_memory_size")):
             if rows:
-                try:
+                try:  # built on the meta device: its sizes, checked before any run folder
                     model = self._meta_model(rows)
-                except ValueError as e:  # one sequence's state already too large
-                    raise ConfigError(f"{source}: {key}={rows}: {e}") from None
+                except ValueError as e:  # e.g. one sequence's state too large, an encoder
+                    where = "" if key == "memory_size" else f" with {key}={rows}"
+                    raise ConfigError(f"{source}: the model cannot be built from this "
+                                      f"config{where}: {e}") from None
                 check_state_size(model, self.batch_size, source, key)
         check_sequence_steps(self, source)
         check_data_size(self, source)
+        drawable = getattr(self.task_params, "check_drawable", None)
+        if drawable is not None:  # a task whose sequences may be too rare to draw
+            try:
+                drawable()
+            except ValueError as e:
+                raise ConfigError(f"{source}: {e}") from None
         if any(a >= b for a, b in zip(self.lr_milestones, self.lr_milestones[1:])):
             raise ConfigError(f"{source}: lr_milestones={self.lr_milestones} must increase "
                               f"(numbers of training sequences, e.g. 400000,600000)")
@@ -465,7 +483,8 @@ def check_sequence_steps(config: TrainConfig, source: str = "config") -> None:
     for _, what, size, each in (training, *config._generalisation(source)):
         key = what.partition("=")[0]
         check_steps(each, size, f"{source}: a {config.task} sequence of {task.size_name} {size} "
-                    f"({what})", f"lower the size (e.g. task.max_length) or the {key}")
+                    f"({what})", f"lower {size_keys(task)}" + (
+                        f" or the {key}" if key != "training" else ""))
 
 
 # The same for `ntm evaluate`, which runs no backward and keeps no step's state for one: ten
@@ -478,8 +497,13 @@ def check_steps(task, size: int, what: str, fix: str, limit: int = MAX_SEQUENCE_
     sequence of ``task`` (at ``size``) has more steps than ``limit``. A sequence has at least as
     many steps as its size and its repeat count, so a larger one is refused before a sequence
     is drawn (one of a billion steps would not fit in memory)."""
+    bound = getattr(task, "max_steps", None)  # a task that knows its longest sequence
     least = max(size, getattr(task, "max_repeats", 0))
-    if least > limit:
+    if bound is not None:
+        if bound <= limit:
+            return
+        steps = f"up to {bound:,}"
+    elif least > limit:
         steps = f"at least {least:,}"
     else:
         count = _steps(task)
@@ -490,10 +514,24 @@ def check_steps(task, size: int, what: str, fix: str, limit: int = MAX_SEQUENCE_
 
 
 def _steps(task) -> int:
-    """The time steps of a sequence of ``task`` (one drawn, as `check_steps` draws it)."""
+    """The time steps of the longest sequence of ``task``: its ``max_steps`` where it knows it
+    from its parameters (a graph task, whose sequences differ in length), else those of one
+    drawn (the others' sequences at a size all take as many)."""
+    bound = getattr(task, "max_steps", None)
+    if bound is not None:
+        return bound
     import torch
 
     return task.sample(1, torch.Generator().manual_seed(0)).inputs.shape[0]
+
+
+def size_keys(task) -> str:
+    """The task keys that set its sequences' length, for an error's fix."""
+    if hasattr(task, "max_path"):
+        return "task.max_nodes or task.max_path"
+    if task.size_range is not None:
+        return f"task.{task.size_range[1]}"
+    return "the task's size"
 
 
 # The sequences held in memory at once (a training batch, the validation set, a generalisation

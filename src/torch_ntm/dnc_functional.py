@@ -45,7 +45,7 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
-from torch_ntm.functional import content_weights, product, read, write
+from torch_ntm.functional import content_weights, product, read, stable_order, write
 
 __all__ = [
     "content_weights",
@@ -121,7 +121,7 @@ def allocation(usage: Tensor) -> Tensor:
     Returns:
         ``[B, N]`` allocation weighting a_t, non-negative, summing to at most one.
     """
-    order = torch.argsort(usage.detach(), dim=-1, stable=True)  # (B, N): phi, least used first
+    order = stable_order(usage.detach())  # (B, N): phi, least used first (ties: row order)
     sorted_usage = usage.gather(-1, order)
     before = exclusive_cumprod(sorted_usage)  # prod_{i<j} u[phi_i], 1 for j = 1
     return torch.zeros_like(usage).scatter(-1, order, (1.0 - sorted_usage) * before)
@@ -140,9 +140,21 @@ def exclusive_cumprod(x: Tensor) -> Tensor:
     Returns:
         ``[..., N]``.
     """
-    if torch.compiler.is_compiling():  # torch.export and the compiler trace torch's own
-        return torch.cumprod(torch.cat([torch.ones_like(x[..., :1]), x[..., :-1]], -1), -1)
+    if torch.compiler.is_compiling():  # torch.export (ONNX too) traces plain multiplications
+        return _multiplied_scan(torch.cat([torch.ones_like(x[..., :1]), x[..., :-1]], -1))
     return _ExclusiveCumprod.apply(x)
+
+
+def _multiplied_scan(x: Tensor) -> Tensor:
+    """The cumulative product over the last dimension as ``ceil(log2 N)`` multiplications of
+    shifted copies (Hillis and Steele): `torch.cumprod`'s values up to rounding, in ops every
+    exporter has (ONNX's decomposition of cumprod goes through a product without a
+    derivative)."""
+    span = 1
+    while span < x.shape[-1]:
+        x = torch.cat([x[..., :span], x[..., span:] * x[..., :-span]], -1)
+        span *= 2
+    return x
 
 
 def _affine_scan(a: Tensor, b: Tensor) -> Tensor:

@@ -41,6 +41,7 @@ __all__ = [
     "read",
     "write",
     "product",
+    "stable_order",
     "USAGE_DECAY",
     "update_usage",
     "least_used",
@@ -224,6 +225,20 @@ def product(x: Tensor, dim: int) -> Tensor:
     return result
 
 
+def stable_order(x: Tensor) -> Tensor:
+    """The indices that sort ``x`` ascending along its last dimension, ties by index:
+    ``torch.argsort(x, stable=True)``. Under `torch.export` (ONNX has no stable sort) the same
+    order comes from each entry's rank, the entries below it plus the equal ones before it, by
+    comparing every pair: O(N^2), so only there."""
+    if not torch.compiler.is_compiling():
+        return torch.argsort(x, dim=-1, stable=True)
+    index = torch.arange(x.shape[-1], device=x.device)
+    below = x.unsqueeze(-2) < x.unsqueeze(-1)  # [..., i, j]: x_j < x_i
+    tied_before = (x.unsqueeze(-2) == x.unsqueeze(-1)) & (index < index.unsqueeze(-1))
+    rank = (below | tied_before).sum(-1)  # [..., N], a permutation of 0..N-1
+    return torch.zeros_like(rank).scatter(-1, rank, index.expand_as(rank))
+
+
 # ------------------------------------------------------------------------------------------------
 # Least Recently Used Access (Santoro et al. 2016, section 3.2)
 # ------------------------------------------------------------------------------------------------
@@ -272,7 +287,7 @@ def least_used(usage: Tensor, n: int) -> Tensor:
     size = usage.shape[-1]
     if isinstance(n, bool) or not isinstance(n, int) or not 1 <= n <= size:
         raise ValueError(f"least_used needs 1 <= n <= N={size} rows to mark, got n={n!r}")
-    order = torch.sort(usage.detach(), dim=-1, stable=True).indices[..., :n]  # (B, n)
+    order = stable_order(usage.detach())[..., :n]  # (B, n)
     return torch.zeros_like(usage).scatter_(-1, order, 1.0)
 
 

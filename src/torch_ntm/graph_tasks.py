@@ -67,6 +67,9 @@ GRAPH, QUERY, PLAN, ANSWER = range(4)
 _BLANK = -1  # a field with no label: all zeros
 _BASE = 10  # labels are decimal digits
 _MAX_GRAPHS = 1000  # shortest path: graphs drawn for one sequence before giving up
+# Labels are drawn from 10 ** digits values, each node's edge labels by a permutation of them:
+# above 4 digits (10,000 labels) that is a typo, not a plan (6 digits took minutes a batch).
+MAX_DIGITS = 4
 
 
 class Graph(NamedTuple):
@@ -163,6 +166,9 @@ class _GraphTask(Task):
         self._check_range("min_out", "max_out")
         self._check_range("min_path", "max_path")
         name = type(self).__name__
+        if self.digits > MAX_DIGITS:
+            raise ValueError(f"{name}: digits={self.digits} draws labels from 10**{self.digits} "
+                             f"values; at most {MAX_DIGITS} digits ({_BASE**MAX_DIGITS:,} labels)")
         if self.max_nodes > self.labels:
             raise ValueError(f"{name}: max_nodes={self.max_nodes} needs more distinct labels than "
                              f"digits={self.digits} give ({self.labels}); raise digits")
@@ -176,6 +182,17 @@ class _GraphTask(Task):
         labels can name; (10, 15, 20, 30) at the defaults."""
         n = self.max_nodes
         return tuple(sorted({round(f * n) for f in (1, 1.5, 2, 3) if round(f * n) <= self.labels}))
+
+    @property
+    def max_edges(self) -> int:
+        """The most edges a graph of the task has: ``max_nodes * min(max_out, max_nodes - 1)``."""
+        return self.max_nodes * min(self.max_out, self.max_nodes - 1)
+
+    @property
+    def max_steps(self) -> int:
+        """The most steps a sequence of the task can take (from its parameters, no sequence
+        drawn): the graph's edges, the query, the planning steps and the longest answer."""
+        raise NotImplementedError
 
     @property
     def labels(self) -> int:
@@ -298,6 +315,10 @@ class TraversalTask(_GraphTask):
 
     name: ClassVar[str] = "traversal"
 
+    @property
+    def max_steps(self) -> int:
+        return self.max_edges + 2 * self.max_path + self.planning_steps
+
     def _episode(self, graph, generator):
         n = graph.labels.numel()
         leaving = [[] for _ in range(n)]  # per node: (edge label, destination)
@@ -348,6 +369,23 @@ class ShortestPathTask(_GraphTask):
     planning_steps: int = 10
 
     name: ClassVar[str] = "shortest_path"
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.min_path > self.max_nodes - 1:
+            raise ValueError(f"ShortestPathTask: min_path={self.min_path} edges is longer than any "
+                             f"path in a graph of max_nodes={self.max_nodes} nodes (at most "
+                             f"{self.max_nodes - 1}); lower min_path or raise max_nodes")
+
+    @property
+    def max_steps(self) -> int:
+        return self.max_edges + 1 + self.planning_steps + min(self.max_path, self.max_nodes - 1)
+
+    def check_drawable(self) -> None:
+        """Raise `ValueError` (naming min_path) if a few sequences cannot be drawn: pairs with
+        a unique shortest path of ``min_path`` edges or more may be too rare in these graphs
+        for `_draw` (``min_path=9`` on graphs of up to 10 nodes needs a chain of all of them)."""
+        self.sample(2, torch.Generator().manual_seed(0))
 
     def _draw(self, generator):
         for _ in range(_MAX_GRAPHS):

@@ -12,7 +12,7 @@ import dataclasses
 import types
 import typing
 
-from torch_ntm.config import ConfigError, TrainConfig, list_kind
+from torch_ntm.config import MODEL_KEYS, ConfigError, TrainConfig, list_kind
 
 __all__ = ["apply_overrides", "override_keys"]
 
@@ -146,5 +146,17 @@ def apply_overrides(config: TrainConfig, overrides: list[str], option: str = "--
         key, text = _split(item, option)
         _parse(config, key, text, option, prefix, changes)
     config = _replace(config, changes)
+    _check_applies(config, changes, option)
     config.check(option)
     return config
+
+
+def _check_applies(config: TrainConfig, changes: dict, option: str) -> None:
+    """A `ConfigError` for a key set that shapes another model than the config's only (``--set
+    sparse_link=4`` on an NTM), which would be ignored and written to config.json."""
+    shaping = frozenset().union(*MODEL_KEYS.values())
+    for key in changes:
+        if key in shaping and key not in MODEL_KEYS[config.model]:
+            others = [name for name, keys in MODEL_KEYS.items() if key in keys]
+            raise ConfigError(f"{option} {key}: applies to model={' or '.join(others)}, not "
+                              f"{config.model}; drop it, or set model too")
