@@ -250,8 +250,13 @@ def test_minimal_graphs_of_two_nodes():
             for triple in answer:  # alternates between the two nodes
                 assert triple == edges[node]
                 node = triple[2]
-    with pytest.raises(ValueError, match="no pair with a unique shortest path"):
-        ShortestPathTask(min_nodes=2, max_nodes=2, min_path=2).sample(1, _gen(0))
+    with pytest.raises(ValueError, match="min_path=2 edges is longer than any path in a graph "
+                                         "of max_nodes=2 nodes"):
+        ShortestPathTask(min_nodes=2, max_nodes=2, min_path=2)
+    # three nodes each joined to both others: every shortest path is one edge
+    with pytest.raises(ValueError, match="no pair with a unique shortest path of 2..10 edges"):
+        ShortestPathTask(min_nodes=3, max_nodes=3, min_out=2, max_out=2, min_path=2).sample(
+            1, _gen(0))
 
 
 def test_sizes_and_the_curriculum():

@@ -32,8 +32,9 @@ def test_tiny_copy_is_solved(tmp_path):
 
 @pytest.mark.parametrize("preset", ["ntm-ff", "lstm"])
 def test_other_presets_train_and_reduce_the_loss(tmp_path, preset):
+    memory = [] if preset == "lstm" else ["memory_size=8", "memory_width=4"]  # none: refused
     config = resolve_config("copy", preset, overrides=[
-        "task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+        "task.max_length=2", "task.width=3", *memory,
         "controller_size=16", "controller_layers=1", "lr=1e-2", "batch_size=16",
         "eval_every=60", "max_sequences=960", "log_every=10", "engine=auto"], seed=0)
     result = train(config, tmp_path / "run", progress=False)
