@@ -156,3 +156,33 @@ def test_a_graph_tasks_max_steps_bounds_every_sequence(name):
                       max_path=3)  # every sequence as long as it can be: the bound is reached
     if name == "traversal":
         assert fixed.sample(4).inputs.shape[0] == fixed.max_steps == 6 * 2 + 2 * 3 + 0
+
+
+@pytest.mark.parametrize("make", [lambda: NTM(9, 8), lambda: MANN(25, 5), lambda: DNC(9, 8)],
+                         ids=["ntm", "mann", "dnc"])
+def test_a_layer_without_its_bias_runs_eager_not_into_the_native_engine(make, caplog,
+                                                                       monkeypatch):
+    """After ``head_params.bias = None`` the native engine raised an AttributeError."""
+    from torch_ntm.engines import common
+
+    monkeypatch.setattr(common, "_SAID", set())  # said once per process
+    model = make()
+    model.head_params.bias = None
+    x = torch.rand(4, 2, model.input_size)
+    assert model.runs_on(x) == "eager"
+    y, _ = model(x)
+    model.engine = "eager"
+    torch.testing.assert_close(y, model(x)[0])
+    assert "the native engine reads every layer's bias, and head_params has none" in caplog.text
+
+
+def test_bench_refuses_an_engine_the_device_has_not(capsys):
+    """``--engines graphs`` on a CPU timed the eager loop for minutes under the graphs name."""
+    err = one_line_error(capsys, ["bench", "--model", "dnc", "--engines", "graphs"])
+    assert "engine 'graphs' runs on CUDA, not on CPU: drop it, or measure with --device cuda" in err
+
+
+def test_a_size_the_task_has_not_names_it(capsys):
+    err = one_line_error(capsys, ["evaluate", "--pretrained", "dnc_traversal", "--lengths",
+                                  "1000"])
+    assert "--lengths 1000: no sequence of this task has nodes = 1000" in err

@@ -223,9 +223,10 @@ def test_a_save_removes_superseded_and_temporary_files_only(run):
 # -- --out: nothing overwritten unless asked ---------------------------------------------------
 
 def snapshot(folder: Path) -> dict:
-    """Every file under ``folder`` with its bytes."""
-    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*"))
-            if p.is_file()}
+    """Every file under ``folder`` with its bytes (a lock file's: only that it is there; its
+    holder writes what it is doing into it while it holds it)."""
+    return {str(p.relative_to(folder)): b"" if p.name == ".lock" else p.read_bytes()
+            for p in sorted(folder.rglob("*")) if p.is_file()}
 
 
 def train_argv(out, *extra):
@@ -324,6 +325,8 @@ def test_a_second_writer_gets_one_line_and_changes_nothing(run, tmp_path, capsys
 
     with open(run / ".lock", "a") as held:  # another process's lock (its own open file)
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("training into this run directory (process 1)")  # as a holder says so
+        held.flush()
         before = snapshot(run)
         for argv in (["train", "copy", "--resume", str(run), "--set", "max_sequences=8",
                       "--no-plots", "--no-progress"], train_argv(run, "--overwrite")):
@@ -425,9 +428,9 @@ def test_other_commands_check_their_values(run, tmp_path, capsys):
         (["curves", str(run), "--out", str(tmp_path / "curves")], "(e.g. curves.png)"),
         # n-grams sequences are at least 6 long: a size the task refuses is a user's mistake
         (["evaluate", "--pretrained", "ngrams", "--lengths", "5"],
-         "--lengths 5: not a length of this task"),
+         "--lengths 5: no sequence of this task has length = 5"),
         (["plot", "--pretrained", "ngrams", "--length", "5", "--out", str(tmp_path / "f")],
-         "--length 5: not a length of this task"),
+         "--length 5: no sequence of this task has length = 5"),
     ]
     for argv, message in cases:
         assert message in one_line_error(capsys, argv), argv
@@ -992,9 +995,11 @@ def test_an_export_waits_for_no_one_it_is_refused_while_the_folder_is_locked(run
     target.mkdir(parents=True)
     with open(target / ".lock", "a") as held:
         fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        held.write("exporting a model into this folder (process 1)")
+        held.flush()
         err = one_line_error(capsys, ["pretrained", "export", str(run), "tiny", "--dest",
                                       str(tmp_path / "zoo")])
-    assert "another process is writing this folder" in err
+    assert "another process is exporting a model into this folder (process 1)" in err
     assert [p.name for p in target.iterdir()] == [".lock"]
 
 
@@ -1183,11 +1188,16 @@ def test_a_second_sweep_into_the_same_folder_is_refused_and_truncates_nothing(tm
     (out / "seed-0" / "train.log").write_text("the first sweep's log\n")
     sets = [arg for item in TINY if not item.startswith("max_sequences")
             for arg in ("--set", item)]
-    with open(out / ".lock", "a") as held:  # the first sweep's
-        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        err = one_line_error(capsys, ["sweep", "copy", "--seeds", "1", "--sequences", "4",
-                                      "--out", str(out), *sets])
-    assert "another process is running a sweep into this folder" in err
+    for holder in ("running a sweep into this folder", "training into this run directory"):
+        with open(out / ".lock", "a") as held:  # the first sweep's, or a training's
+            fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            held.truncate(0)
+            held.write(f"{holder} (process 1)")
+            held.flush()
+            err = one_line_error(capsys, ["sweep", "copy", "--seeds", "1", "--sequences", "4",
+                                          "--out", str(out), *sets])
+        # the refusal says what the holder does (a training was blamed on "a sweep")
+        assert f"another process is {holder} (process 1)" in err
     assert (out / "seed-0" / "train.log").read_text() == "the first sweep's log\n"
     assert not (out / "seed-0" / "checkpoint.json").exists()
 

@@ -29,7 +29,8 @@ from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES
 from torch_ntm.tasks import CopyTask
 
-__all__ = ["run_bench", "format_table", "DEFAULT_ENGINES", "DEFAULT_SIZES", "MODELS"]
+__all__ = ["run_bench", "check_engines", "format_table", "DEFAULT_ENGINES", "DEFAULT_SIZES",
+           "MODELS"]
 
 # The models the bench builds, each at its defaults but the memory rows.
 MODELS = ("ntm", "mann", "dnc")
@@ -65,6 +66,18 @@ def check_memory_size(rows: int, model: str = "ntm", batch_size: int = 1) -> Non
 
     check_state_size(_model(CopyTask(), rows, device="meta", model=model), batch_size,
                      "ntm bench", "--memory-size")
+
+
+def check_engines(engines, device: torch.device) -> None:
+    """Raise `ValueError` for an engine that is not one, or that ``device`` has not: it would
+    time the eager loop again under its name (``graphs`` on the CPU took minutes)."""
+    for engine in engines:
+        if engine not in ENGINES:
+            raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
+        there = {"graphs": "cuda", "native": "cpu"}.get(engine, device.type)
+        if there != device.type:
+            raise ValueError(f"engine {engine!r} runs on {there.upper()}, not on "
+                             f"{device.type.upper()}: drop it, or measure with --device {there}")
 
 
 class _Runner:
@@ -162,9 +175,7 @@ def run_bench(
     memory_sizes = default_rows if memory_sizes is None else memory_sizes
     check_memory_size(min(memory_sizes), model)  # and the model's name
     check_memory_size(max(memory_sizes), model, max(batch_sizes))
-    for engine in engines:
-        if engine not in ENGINES:
-            raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
+    check_engines(engines, device)
     task = CopyTask().with_size(seq_len)
     old_threads = torch.get_num_threads()
     if threads is not None:

@@ -235,8 +235,9 @@ _HELD: dict[Path, int] = {}  # run directories this process has locked -> nestin
 def lock_run(run_dir: str | os.PathLike, holder: str = "training into this run directory"):
     """Hold ``RUN/.lock`` (an exclusive `fcntl.flock`) while the block runs, creating ``RUN``.
 
-    One process writes a run: a second one gets a `CheckpointError` at once (saying it is
-    ``holder``: a sweep, an export lock their folders too). Re-entrant within a
+    One process writes a run: a second one gets a `CheckpointError` at once, saying what the
+    first is doing (its ``holder``, which it writes into the lock: a sweep, an export lock
+    their folders too). Re-entrant within a
     process (the command line locks before `torch_ntm.train.train` locks again). The lock goes
     with the process, so a killed training leaves nothing to clean up.
     """
@@ -262,10 +263,15 @@ def lock_run(run_dir: str | os.PathLike, holder: str = "training into this run d
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            # the holder wrote what it is doing into the lock (a sweep, a training, an export)
+            doing = os.read(fd, 200).decode("utf-8", "replace").strip() or "writing it"
             os.close(fd)
-            raise CheckpointError(f"{run_dir}: another process is {holder} (it holds "
+            raise CheckpointError(f"{run_dir}: another process is {doing} (it holds "
                                   f"{run_dir / LOCK}); wait for it to end or choose another "
                                   f"directory") from None
+        with contextlib.suppress(OSError):  # what this process is doing, for a refused one
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{holder} (process {os.getpid()})".encode(), 0)
         _HELD[key] = 1
     try:
         yield run_dir

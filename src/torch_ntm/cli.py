@@ -507,7 +507,8 @@ def _check_size(task, size: int, option: str) -> None:
     try:
         task.with_size(size)
     except ValueError as e:
-        raise ConfigError(f"{option} {size}: not a {task.size_name} of this task ({e})") from None
+        raise ConfigError(f"{option} {size}: no sequence of this task has {task.size_name} = "
+                          f"{size} ({e})") from None
 
 
 def _cmd_plot(args) -> int:
@@ -616,7 +617,7 @@ def _cmd_sweep(args) -> int:
 
 
 def _cmd_bench(args) -> int:
-    from torch_ntm.bench import check_memory_size, format_table, run_bench
+    from torch_ntm.bench import check_engines, check_memory_size, format_table, run_bench
     from torch_ntm.config import ConfigError, check_steps, resolve_device
     from torch_ntm.tasks import CopyTask
 
@@ -642,6 +643,10 @@ def _cmd_bench(args) -> int:
         kwargs["steps"] = args.steps
     if args.engines:
         kwargs["engines"] = tuple(args.engines)
+        try:
+            check_engines(args.engines, kwargs["device"])
+        except ValueError as e:
+            raise ConfigError(f"--engines: {e}") from None
     records = run_bench(**kwargs)
     print(json.dumps(records, indent=2) if args.json else format_table(records))
     return 0

@@ -72,6 +72,11 @@ def _why_not_native(model: torch.nn.Module, x: Tensor, kernels) -> str | None:
     why = why_not_model(model) if why_not_model is not None else None
     if why is not None:
         return why
+    unbiased = [name for name, layer in model.named_modules()
+                if isinstance(layer, (torch.nn.Linear, torch.nn.LSTMCell))
+                and (getattr(layer, "bias", 0) is None or getattr(layer, "bias_ih", 0) is None)]
+    if unbiased:  # the kernels read every layer's bias
+        return f"the native engine reads every layer's bias, and {unbiased[0]} has none"
     if eager_only():
         return "a torch.func transform or forward-mode AD is active"
     if torch.is_autocast_enabled(x.device.type):
