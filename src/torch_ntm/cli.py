@@ -39,6 +39,23 @@ def _seed_list(text: str) -> list[int]:
     return values
 
 
+def _seed_range(text: str) -> tuple[int, int]:
+    """``--seeds K`` (K seeds from ``--first-seed``) or ``A-B`` (seeds A to B): ``(first or
+    None, count)``."""
+    first, dash, last = text.partition("-")
+    try:
+        if dash:
+            a, b = int(first), int(last)
+            if 0 <= a <= b:
+                return a, b - a + 1
+        else:  # a count; one below 1 is refused with the sweep's other limits
+            return None, int(text)
+    except ValueError:
+        pass
+    raise argparse.ArgumentTypeError(f"expected a number of seeds >= 1 or a range A-B of seeds "
+                                     f"(0 <= A <= B), got {text!r}")
+
+
 def _positive_int(text: str) -> int:
     try:
         value = int(text)
@@ -143,8 +160,12 @@ def _parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("sweep", help="train one task with several seeds and report reliability")
     p.add_argument("task", metavar="TASK", help=f"one of: {', '.join(sorted(TASKS))}")
-    p.add_argument("--seeds", type=int, default=10, metavar="K", help="number of seeds (10)")
-    p.add_argument("--first-seed", type=int, default=0, metavar="S", help="first seed (0)")
+    p.add_argument("--seeds", type=_seed_range, default=None, metavar="K|A-B",
+                   help="number of seeds (10), or the seeds A to B")
+    p.add_argument("--first-seed", type=int, default=None, metavar="S", help="first seed (0)")
+    p.add_argument("--criterion", action="store_true",
+                   help="after training, score each seed on the task's paper-level criterion "
+                   "(torch_ntm.criteria: three fresh sets of 1,000) and print the table")
     p.add_argument("--jobs", type=int, default=None, metavar="J",
                    help="trainings at once (2; with --ray, as many as the cluster has CPUs)")
     p.add_argument("--preset", default=None, help="as for train (default: the task's own)")
@@ -583,6 +604,8 @@ def _cmd_pretrained(args) -> int:
 
 
 def _cmd_sweep(args) -> int:
+    from torch_ntm.config import ConfigError
+    from torch_ntm.criteria import CRITERIA
     from torch_ntm.sweep import (
         DEFAULT_SEQUENCES,
         default_out,
@@ -591,10 +614,18 @@ def _cmd_sweep(args) -> int:
         run_sweep,
     )
 
+    first, count = args.seeds or (None, 10)
+    if first is not None and args.first_seed is not None:
+        raise ConfigError("--seeds A-B names the first seed; drop --first-seed")
+    first = first if first is not None else (args.first_seed or 0)
+    if args.criterion and (args.task not in CRITERIA or args.grid):
+        raise ConfigError(f"--criterion: {'not with --grid' if args.grid else 'no criterion for '}"
+                          f"{'' if args.grid else args.task}; tasks with one: "
+                          f"{', '.join(CRITERIA)}")
     try:
-        report = run_sweep(args.task, args.seeds, jobs=args.jobs, preset=args.preset,
+        report = run_sweep(args.task, count, jobs=args.jobs, preset=args.preset,
                            overrides=args.overrides, grid=args.grid, out=args.out,
-                           first_seed=args.first_seed, ray_address=args.ray,
+                           first_seed=first, ray_address=args.ray,
                            gpus_per_run=args.gpus_per_run,
                            sequences=DEFAULT_SEQUENCES if args.sequences is None
                            else args.sequences)
@@ -613,6 +644,13 @@ def _cmd_sweep(args) -> int:
         print(f"ntm: {len(failed)} of {trained} trainings failed ({', '.join(failed)}); see "
               f"their train.log", file=sys.stderr)
         return 1
+    if args.criterion:
+        from torch_ntm.criteria import format_criteria
+
+        out = args.out or default_out(args.task)
+        print()
+        print(format_criteria(args.task, {seed: out / f"seed-{seed}"
+                                          for seed in range(first, first + count)}))
     return 0
 
 
