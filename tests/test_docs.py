@@ -56,3 +56,25 @@ def test_the_tutorial_runs_from_a_task_to_a_plotted_model(tmp_path, monkeypatch)
     assert math.isfinite(cost) and 0 <= errors < 40  # one validation of an untrained model
     assert (tmp_path / "attention.png").stat().st_size > 0
     assert (tmp_path / "io.png").stat().st_size > 0
+
+
+def test_the_api_pages_show_each_models_options_in_its_signature_and_its_docstring_matches():
+    """The models take ``**options``; scripts/griffe_options.py gives the API pages the runtime
+    signature (``help()``'s), so each documented option is a parameter with its type."""
+    griffe = pytest.importorskip("griffe")  # the docs extra
+    import inspect
+
+    import torch_ntm
+
+    extension = griffe.load_extensions(f"{ROOT / 'scripts' / 'griffe_options.py'}:ModelSignatures")
+    package = griffe.load("torch_ntm", search_paths=[ROOT / "src"], extensions=extension,
+                          docstring_parser="google")
+    for name in ("NTM", "NTMCell", "MANN", "MANNCell", "DNC", "DNCCell"):
+        documented = package[name].all_members["__init__"].parameters
+        runtime = inspect.signature(getattr(torch_ntm, name)).parameters
+        assert [p.name for p in documented][1:] == list(runtime), name
+        assert all(p.annotation is not None for p in list(documented)[1:]), name
+        for section in package[name].docstring.parse(warnings=False):
+            if section.kind.value == "parameters":
+                for p in section.value:
+                    assert p.name in runtime, (name, p.name)

@@ -71,8 +71,9 @@ class MemoryModule(nn.Module):
         if getattr(cls, "Options", None) is not None:  # its constructor's signature shows them
             cls.__signature__ = _signature(cls)
 
-    def __init__(self, input_size: int, output_size: int, *, device=None, dtype=None,
-                 **options) -> None:
+    def __init__(self, input_size: int, output_size: int, *,
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None,
+                 **options: object) -> None:
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.input_size = positive_int("input_size", input_size)
@@ -159,7 +160,8 @@ class MemoryModule(nn.Module):
         return {"input_size": self.input_size, "output_size": self.output_size,
                 **dataclasses.asdict(self.options)}
 
-    def initial_state(self, batch_size: int, device=None, dtype=None):
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> tuple:
         """The state a sequence starts from, for a batch (what each part starts at: the
         model's state's documentation).
 
@@ -246,7 +248,7 @@ class Cell:
     same constructor and parameter names as the model over sequences, so
     ``cell.load_state_dict(model.state_dict())`` steps a trained model one input at a time."""
 
-    def forward(self, x: Tensor, state=None):
+    def forward(self, x: Tensor, state: tuple | None = None) -> tuple[Tensor, tuple]:
         """Args:
             x: ``[B, input_size]`` input of one step.
             state: the model's state after the previous step, or None for `initial_state`.

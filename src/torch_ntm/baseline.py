@@ -28,7 +28,7 @@ class LSTMBaseline(nn.Module):
 
     def __init__(self, input_size: int, output_size: int, *, hidden_size: int = 256,
                  num_layers: int = 3, batch_first: bool = False, engine: str = "auto",
-                 device=None, dtype=None):
+                 device: torch.device | str | None = None, dtype: torch.dtype | None = None):
         super().__init__()
         factory = {"device": device, "dtype": dtype}
         self.input_size, self.output_size = input_size, output_size
@@ -48,7 +48,8 @@ class LSTMBaseline(nn.Module):
                 getattr(self.lstm, f"bias_ih_l{layer}")[c : 2 * c].fill_(1.0)
                 getattr(self.lstm, f"bias_hh_l{layer}")[c : 2 * c].fill_(0.0)
 
-    def initial_state(self, batch_size: int, device=None, dtype=None) -> tuple[Tensor, Tensor]:
+    def initial_state(self, batch_size: int, device: torch.device | str | None = None,
+                      dtype: torch.dtype | None = None) -> tuple[Tensor, Tensor]:
         """``(h, c)``, zeros ``[num_layers, batch_size, hidden_size]`` each (``nn.LSTM``'s)."""
         like = self.output.weight
         zeros = torch.zeros(self.num_layers, batch_size, self.hidden_size,

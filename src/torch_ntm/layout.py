@@ -135,14 +135,15 @@ class HeadLayout:
         )
 
     def heads_step(self, raw: Tensor, memory: Tensor, read_weights: Tensor, write_weights: Tensor,
-                   beta_cap: float = 0.0, gamma_cap: float = 0.0):
+                   beta_cap: float = 0.0, gamma_cap: float = 0.0) -> tuple:
         """The heads' part of a step, from the head layer's output ``raw [B, size]``: the write
         heads address the memory ``[B, N, M]`` as it was and write, then the read heads address
         and read the memory after the write (eq. 2-9).
 
         Returns:
-            ``(memory, read_weights, write_weights, reads [B, Hr, M], (write, read))``, the last
-            the activated `HeadParameters` of each kind (write is None without write heads).
+            ``(memory, read_weights, write_weights, reads [B, Hr, M], (write, read))``, the
+                last the activated `HeadParameters` of each kind (write is None without write
+                heads).
         """
         wp = None
         if self.write_heads:
@@ -209,14 +210,14 @@ class LRUALayout:
         return LRUAParameters(key=key, alpha=parts[1], add=add, beta=beta)
 
     def heads_step(self, raw: Tensor, memory: Tensor, usage: Tensor, read_weights: Tensor,
-                   least_used: Tensor):
+                   least_used: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
         """The heads' part of a step from the head layer's output ``raw``: the write weights
         from the previous read weights and least-used rows, the least-used row zeroed and the
         write, the reads of the memory after it, the usage and the next least-used rows.
 
         Returns:
             ``(memory [B, N, M], usage [B, N], read_weights [B, H, N], least_used [B, N],
-            reads [B, H, M])``.
+                reads [B, H, M])``.
         """
         hp = self.activate(raw)
         w_write = ntmf.lrua_write_weights(read_weights, least_used, hp.alpha)

@@ -76,7 +76,8 @@ class ConvEncoder(nn.Module):
     """
 
     def __init__(self, input_size: int, image_size: int, keep_pixels: bool = False,
-                 device=None, dtype=None) -> None:
+                 device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None) -> None:
         super().__init__()
         pixels = positive_int("image_size", image_size) ** 2
         if image_size < 4:

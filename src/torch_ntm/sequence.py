@@ -40,7 +40,8 @@ class SequenceModel:
     _trace_type: ClassVar[type | None] = None  # what `trace` records, if the model has one
 
     def __init__(self, input_size: int, output_size: int, *, batch_first: bool = False,
-                 engine: str = "auto", device=None, dtype=None, **options) -> None:
+                 engine: str = "auto", device: torch.device | str | None = None,
+                 dtype: torch.dtype | None = None, **options) -> None:
         super().__init__(input_size, output_size, device=device, dtype=dtype, **options)
         self.batch_first = bool(batch_first)
         self.engine = engine
@@ -87,7 +88,8 @@ class SequenceModel:
         """Time-major outputs ``[T, B, output_size]`` in the module's layout."""
         return y.transpose(0, 1) if self.batch_first else y
 
-    def forward(self, x: Tensor | PackedSequence, state=None):
+    def forward(self, x: Tensor | PackedSequence,
+                state: tuple | None = None) -> tuple[Tensor | PackedSequence, tuple]:
         """Args:
             x: ``[T, B, input_size]`` (``[B, T, input_size]`` if ``batch_first``), or a
                 `PackedSequence` of sequences of different lengths (as for `nn.LSTM`).
@@ -96,9 +98,9 @@ class SequenceModel:
                 before packing.
 
         Returns:
-            ``(logits, state)``: logits ``[T, B, output_size]`` (or batch first), or a
-            `PackedSequence` like ``x`` for a packed input; the state after each sequence's own
-            last step.
+            ``(logits, state)``, logits ``[T, B, output_size]`` (or batch first), or a
+                `PackedSequence` like ``x`` for a packed input; the state after each sequence's
+                own last step.
         """
         name = type(self).__name__
         if torch.jit.is_tracing():  # it failed in the initial state, on a traced batch size
@@ -135,7 +137,7 @@ class SequenceModel:
             y, state = torch.stack(outputs), self._public_state(state)
         return one_dtype(self._finish(y), state, x)
 
-    def trace(self, x: Tensor, state=None):
+    def trace(self, x: Tensor, state: tuple | None = None) -> tuple[Tensor, tuple, tuple]:
         """Like `forward`, and also records every step (`torch_ntm.model.NTMTrace`,
         `torch_ntm.dnc.DNCTrace`: weightings, memory and what each model's heads emit), for
         plots; always on the eager loop.
