@@ -74,8 +74,18 @@ def content_weights(memory: Tensor, key: Tensor, beta: Tensor) -> Tensor:
     dot = torch.matmul(key, memory.transpose(1, 2))  # (B, H, N)
     key_sq = key.pow(2).sum(-1, keepdim=True)  # (B, H, 1)
     mem_sq = memory.pow(2).sum(-1).unsqueeze(1)  # (B, 1, N)
-    cosine = dot * torch.rsqrt((key_sq + EPS) * (mem_sq + EPS))
+    cosine = dot * torch.rsqrt(_plus_eps(key_sq) * _plus_eps(mem_sq))
     return torch.softmax(beta * cosine, dim=-1)
+
+
+def _plus_eps(x: Tensor) -> Tensor:
+    """``x + EPS``. Under `torch.export` the constant is a one-element tensor, not a scalar: the
+    ONNX exporter's optimizer (onnxscript's ``x + 0 -> x`` rule, which matches scalars within an
+    absolute tolerance of 1e-8) would otherwise drop the addition, and an empty row or key would
+    divide zero by zero."""
+    if torch.compiler.is_exporting():
+        return x + x.new_full((1,), EPS)
+    return x + EPS
 
 
 def interpolate(w_content: Tensor, w_prev: Tensor, gate: Tensor) -> Tensor:
