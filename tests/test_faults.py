@@ -5,6 +5,7 @@ Each user mistake or hostile file ends in one line (``ntm: error: ...`` from the
 outside what the run owns.
 """
 
+import errno
 import hashlib
 import json
 import math
@@ -542,7 +543,9 @@ def test_a_full_disk_is_one_line_and_leaves_a_loadable_run(tmp_path, limit):
                  preexec_fn=small_files)
     assert result.returncode == 1, result.stderr
     line = result.stderr.strip().splitlines()
-    assert len(line) == 1 and line[0].startswith("ntm: error: [Errno 27] File too large"), line
+    assert len(line) == 1 and line[0].startswith(f"ntm: error: {out}/"), line
+    assert line[0].endswith(": File too large (the file size limit (ulimit -f) is below what the "
+                            "run writes: raise it)"), line
     if (out / "checkpoint.json").exists():  # an earlier save completed: it is whole
         assert load_checkpoint(out).step >= 1
     assert not list(out.glob("*.tmp"))
@@ -943,7 +946,8 @@ def test_a_resume_that_fails_under_a_file_size_limit_keeps_config_json(run):
 
     result = ntm("train", "copy", "--resume", str(run), *RESUME, preexec_fn=small_files)
     assert result.returncode == 1, result.stderr
-    assert result.stderr.startswith("ntm: error: [Errno 27] File too large"), result.stderr
+    assert result.stderr.startswith(f"ntm: error: {run}/"), result.stderr
+    assert "File too large (the file size limit (ulimit -f)" in result.stderr
     assert (run / "config.json").read_bytes() == before
     assert not list(run.glob("*.tmp"))
 
@@ -1237,3 +1241,24 @@ def test_tensorboard_that_cannot_write_is_one_line_without_a_thread_traceback(tm
     assert result.returncode == 1, result.stderr
     assert result.stderr.strip() == "ntm: error: [Errno 13] Permission denied: " \
                                     "'tb/events.out.tfevents'"
+
+
+@pytest.mark.parametrize("code, fix", [(errno.ENOSPC, "the disk is full: free space, or write "
+                                        "the run elsewhere (--out)"),
+                                       (errno.EFBIG, "the file size limit (ulimit -f)")])
+def test_a_machine_error_in_a_command_is_one_line_naming_the_file_and_the_fix(
+        tmp_path, monkeypatch, capsys, code, fix):
+    """A write that fails inside a command (here the checkpoint's atomic write, as a full disk
+    fails it) names the file it was writing, what failed and what to do."""
+    from torch_ntm import runfiles
+
+    def full(fd, *args):
+        raise OSError(code, os.strerror(code))  # as os.fsync raises it: no file name
+
+    monkeypatch.setattr(runfiles.os, "fsync", full)
+    out = tmp_path / "run"
+    assert main(train_argv(out, "--set", "max_sequences=2")) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith(f"ntm: error: {out}/"), err
+    assert f": {os.strerror(code)} ({fix}" in err[0]
+    assert not list(out.glob("*.tmp"))

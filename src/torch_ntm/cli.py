@@ -7,6 +7,7 @@ User mistakes (unknown options or config keys, bad values, unusable checkpoints)
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 import time
@@ -717,7 +718,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ntm: error: {e}", file=sys.stderr)
         return 2
     except OSError as e:  # the machine's, not the user's: a full disk, a file size limit
-        print(f"ntm: error: {e}", file=sys.stderr)
+        print(f"ntm: error: {_machine_error(e)}", file=sys.stderr)
         return 1
     except Interrupted as e:
         print(f"ntm: interrupted at step {e.step}; checkpoint saved, resume with --resume "
@@ -726,6 +727,21 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("ntm: interrupted", file=sys.stderr)
         return 130
+
+
+# What to do about the machine's errors a run meets (errno -> the fix)
+_MACHINE_FIXES = {
+    errno.EFBIG: "the file size limit (ulimit -f) is below what the run writes: raise it",
+    errno.ENOSPC: "the disk is full: free space, or write the run elsewhere (--out)",
+    errno.EDQUOT: "the disk quota is used up: free space, or write the run elsewhere (--out)",
+}
+
+
+def _machine_error(e: OSError) -> str:
+    """One line for an OSError: the file (when known), what failed, and the fix."""
+    where = f"{e.filename}: " if e.filename else ""
+    fix = _MACHINE_FIXES.get(e.errno)
+    return f"{where}{e.strerror or e}" + (f" ({fix})" if fix else "")
 
 
 def console() -> None:

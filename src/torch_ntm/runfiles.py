@@ -167,6 +167,11 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
+    except OSError as e:  # a full disk, a file size limit: name the file being written
+        Path(tmp).unlink(missing_ok=True)
+        if e.filename is None:
+            raise OSError(e.errno, e.strerror, str(path)) from None
+        raise
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
