@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from torch_ntm.config import ConfigError, TrainConfig
+from torch_ntm.config import MODEL_KEYS, ConfigError, TrainConfig
 from torch_ntm.model import NTMOptions
 from torch_ntm.overrides import apply_overrides
 from torch_ntm.presets import PRESETS, resolve_config
@@ -234,3 +234,25 @@ def test_every_preset_says_why_in_one_line():
             assert preset.why and "\n" not in preset.why and len(preset.why) <= 120, (task, name)
             assert f"`{name}`" in history.split(f"## {task}", 1)[1].split("\n## ", 1)[0], (
                 task, name)
+
+
+def test_every_registered_model_is_built_from_its_entry_and_its_keys():
+    """`torch_ntm.registry.MODELS` is the one table from a config's ``model`` to the module: the
+    keys that shape it, its check, its meta-device model and `build_model` all read it."""
+    from torch_ntm.factories import build_model
+    from torch_ntm.registry import MODELS
+
+    assert set(MODELS) == {"ntm", "lstm", "mann", "dnc"}
+    for name, entry in MODELS.items():
+        config = TrainConfig(task="copy", model=name, controller_size=7, memory_size=16)
+        config.check()
+        model = build_model(config, config.task_params)
+        assert type(model) is entry.cls
+        assert MODEL_KEYS[name] == entry.config_keys()
+        if entry.memory:
+            assert model.options == entry.options_of(config)
+            assert type(config._meta_model(16)) is entry.cls
+        else:
+            assert config._meta_model(16) is None and model.hidden_size == 7
+    assert MODELS["ntm"].options_of(TrainConfig(max_beta=0.0)).max_beta is None
+    assert MODELS["dnc"].options_of(TrainConfig(sparse_link=0)).sparse_link is None

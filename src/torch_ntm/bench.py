@@ -27,13 +27,15 @@ import torch
 from torch_ntm.evaluate import task_objective
 from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES
+from torch_ntm.registry import MEMORY_MODELS
+from torch_ntm.registry import MODELS as REGISTRY
 from torch_ntm.tasks import CopyTask
 
 __all__ = ["run_bench", "check_engines", "format_table", "DEFAULT_ENGINES", "DEFAULT_SIZES",
            "MODELS"]
 
 # The models the bench builds, each at its defaults but the memory rows.
-MODELS = ("ntm", "mann", "dnc")
+MODELS = MEMORY_MODELS  # "ntm", "mann", "dnc"
 
 # Measured unless asked otherwise: what a model runs by default, and the plain loop.
 DEFAULT_ENGINES = ("auto", "eager")
@@ -48,13 +50,10 @@ def _model(task, memory_size: int, engine: str = "auto", device="cpu", model: st
     """The bench's model for the task with ``memory_size`` rows, otherwise at its defaults:
     ``"ntm"`` the paper's copy NTM (`NTM`), ``"mann"`` `MANN` (LSTM 200, rows of 40, 4 heads),
     ``"dnc"`` `DNC` (LSTM 64, rows of 16, 4 read heads)."""
-    from torch_ntm import DNC, MANN, NTM
-
-    kind = {"ntm": NTM, "mann": MANN, "dnc": DNC}.get(model)
-    if kind is None:
+    if model not in MODELS:
         raise ValueError(f"unknown model {model!r}; valid choices: {', '.join(MODELS)}")
-    return kind(task.input_size, task.output_size, memory_size=memory_size, engine=engine,
-                device=device)
+    return REGISTRY[model].cls(task.input_size, task.output_size, memory_size=memory_size,
+                               engine=engine, device=device)
 
 
 def check_memory_size(rows: int, model: str = "ntm", batch_size: int = 1) -> None:

@@ -15,11 +15,11 @@ import math
 import typing
 from dataclasses import dataclass, field
 
-from torch_ntm.checks import positive_int
 from torch_ntm.dnc import DNCOptions
 from torch_ntm.engines import ENGINES, LEGACY_ENGINES
 from torch_ntm.mann import MANNOptions
 from torch_ntm.model import NTMOptions
+from torch_ntm.registry import MODELS
 from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
@@ -29,15 +29,11 @@ __all__ = [
     "differing_keys",
 ]
 
-# The models a config can train: an `NTM`, the paper's LSTM baseline, a `torch_ntm.mann.MANN`
-# (LRUA memory, Santoro et al. 2016) or a `torch_ntm.dnc.DNC`.
-MODELS = ("ntm", "lstm", "mann", "dnc")
+# The models a config can train (`torch_ntm.registry.MODELS`): an `NTM`, the paper's LSTM
+# baseline, a `torch_ntm.mann.MANN` (LRUA memory, Santoro et al. 2016) or a `torch_ntm.dnc.DNC`.
 # The config keys that shape each model (its options' fields): a key of another model's only
 # is refused when set (`torch_ntm.overrides.apply_overrides`), rather than ignored and recorded.
-MODEL_KEYS = {"ntm": frozenset(f.name for f in dataclasses.fields(NTMOptions)),
-              "mann": frozenset(f.name for f in dataclasses.fields(MANNOptions)),
-              "dnc": frozenset(f.name for f in dataclasses.fields(DNCOptions)),
-              "lstm": frozenset({"controller_size", "controller_layers"})}
+MODEL_KEYS = {name: entry.config_keys() for name, entry in MODELS.items()}
 OPTIMIZERS = ("rmsprop", "adam")  # the paper's, and Adam (`torch_ntm.train.make_optimizer`)
 
 
@@ -184,36 +180,27 @@ class TrainConfig(NTMOptions):
             self.task_params = make_task(self.task, **self.task_params)
 
     def model_options(self) -> NTMOptions:
-        """The architecture this config describes (a cap of 0 is None: unbounded)."""
-        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(NTMOptions)}
-        return NTMOptions(**{**values, "max_beta": self.max_beta or None,
-                             "max_gamma": self.max_gamma or None})
+        """The NTM this config describes (a cap of 0 is None: unbounded)."""
+        return MODELS["ntm"].options_of(self)
 
     def mann_options(self) -> MANNOptions:
         """The MANN this config describes (with ``model="mann"``)."""
-        names = [f.name for f in dataclasses.fields(MANNOptions)]
-        return MANNOptions(**{name: getattr(self, name) for name in names})
+        return MODELS["mann"].options_of(self)
 
     def dnc_options(self) -> DNCOptions:
         """The DNC this config describes (with ``model="dnc"``; a ``sparse_link`` of 0 is None:
         the exact link matrix)."""
-        names = [f.name for f in dataclasses.fields(DNCOptions)]
-        values = {name: getattr(self, name) for name in names}
-        return DNCOptions(**{**values, "sparse_link": self.sparse_link or None})
+        return MODELS["dnc"].options_of(self)
 
     def _meta_model(self, memory_size: int):
         """The model this config describes with ``memory_size`` rows, on the meta device (its
-        shapes, no memory); None for the LSTM baseline, which has no memory."""
-        from torch_ntm import DNC, MANN, NTM
-
-        kinds = {"ntm": (NTM, self.model_options), "mann": (MANN, self.mann_options),
-                 "dnc": (DNC, self.dnc_options)}
-        if self.model not in kinds:
+        shapes, no memory); None for a model without memory (the LSTM baseline)."""
+        entry = MODELS[self.model]
+        if not entry.memory:
             return None
-        kind, options = kinds[self.model]
         task = self.task_params
-        return kind(task.input_size, task.output_size, device="meta",
-                    **{**dataclasses.asdict(options()), "memory_size": memory_size})
+        return entry.cls(task.input_size, task.output_size, device="meta",
+                         **{**entry.arguments(self), "memory_size": memory_size})
 
     def to_dict(self) -> dict:
         """The config as config.json holds it: flat, but for ``task_params``, the task's
@@ -226,7 +213,7 @@ class TrainConfig(NTMOptions):
 
     def eval_overrides(self) -> dict:
         """What `build_model` changes for generalisation: the rows of ``eval_memory_size``."""
-        wider = self.eval_memory_size and self.model != "lstm"  # the LSTM baseline has no memory
+        wider = self.eval_memory_size and MODELS[self.model].memory  # the LSTM has no rows
         return {"memory_size": self.eval_memory_size} if wider else {}
 
     def eval_pair_values(self) -> list[tuple[int, int]]:
@@ -312,14 +299,8 @@ class TrainConfig(NTMOptions):
             if not test(value):
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
         self.check_choices(source)
-        options = {"ntm": self.model_options, "mann": self.mann_options,
-                   "dnc": self.dnc_options}.get(self.model)
         try:  # the options of the model it builds (a DNC has no shift_range to fit its rows)
-            if options is not None:
-                options().checked()
-            else:  # the LSTM baseline
-                for key in ("controller_size", "controller_layers"):
-                    positive_int(key, getattr(self, key))
+            MODELS[self.model].check(self)
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
         for what, kind in (("held_out", "held-out data (evaluation)"),

@@ -7,18 +7,14 @@ import dataclasses
 
 from torch import nn
 
-from torch_ntm.baseline import LSTMBaseline
 from torch_ntm.config import (
     MAX_PARAMETERS,
-    MODELS,
     ConfigError,
     TrainConfig,
     check_memory_size,
     check_state_size,
 )
-from torch_ntm.dnc import DNC
-from torch_ntm.mann import MANN
-from torch_ntm.model import NTM
+from torch_ntm.registry import MODELS
 
 __all__ = ["build_task", "model_config", "build_model"]
 
@@ -38,17 +34,11 @@ def build_task(config: TrainConfig, **task_overrides):
 def model_config(config: TrainConfig, task) -> dict:
     """Constructor arguments of the model a config describes; ``task`` (or a model) gives the
     input and output widths."""
-    sizes = {"input_size": task.input_size, "output_size": task.output_size}
-    if config.model == "lstm":
-        return {"kind": "lstm", **sizes, "hidden_size": config.controller_size,
-                "num_layers": config.controller_layers}
-    if config.model == "mann":
-        return {"kind": "mann", **sizes, **dataclasses.asdict(config.mann_options())}
-    if config.model == "dnc":
-        return {"kind": "dnc", **sizes, **dataclasses.asdict(config.dnc_options())}
-    if config.model != "ntm":
+    entry = MODELS.get(config.model)
+    if entry is None:
         raise ConfigError(f"model must be one of {', '.join(MODELS)}, got {config.model!r}")
-    return {"kind": "ntm", **sizes, **dataclasses.asdict(config.model_options())}
+    return {"kind": entry.name, "input_size": task.input_size, "output_size": task.output_size,
+            **entry.arguments(config)}
 
 
 def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Module:
@@ -71,22 +61,18 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
                               f"or controller_layers (or memory_width, read_heads, the task's "
                               f"width)")
     kwargs = {**model_config(config, task), **overrides}
-    kind = kwargs.pop("kind")
+    entry = MODELS[kwargs.pop("kind")]
     try:
-        if kind == "lstm":
-            unused = set(overrides) - {"hidden_size", "num_layers"}
+        if not entry.memory:
+            unused = set(overrides) - set(entry.keys.values())
             if unused:
-                raise ConfigError(f"the LSTM baseline has no {', '.join(sorted(unused))}")
-            return LSTMBaseline(**kwargs, device=device)
+                raise ConfigError(f"{entry.title} has no {', '.join(sorted(unused))}")
+            return entry.cls(**kwargs, device=device)
         if isinstance(kwargs["memory_size"], int) and isinstance(kwargs["memory_width"], int):
             check_memory_size(kwargs["memory_size"], kwargs["memory_width"], config.batch_size,
                               source="the model")
         kwargs.setdefault("engine", config.engine)
-        if kind == "mann":
-            return MANN(**kwargs, device=device)
-        if kind == "dnc":
-            return DNC(**kwargs, device=device)
-        return NTM(**kwargs, device=device)
+        return entry.cls(**kwargs, device=device)
     except (ValueError, TypeError) as e:  # sizes the model rejects, e.g. shift_range too wide
         if isinstance(e, ConfigError):
             raise
