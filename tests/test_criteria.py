@@ -48,6 +48,28 @@ def test_repeat_copy_criteria_evaluate_with_their_repeats():
     assert got["sets"][0] >= 0 and len(got["sets"]) == 1
 
 
+def test_the_ngrams_criterion_is_the_cost_relative_to_the_bayes_optimal():
+    (criterion,) = CRITERIA["ngrams"]
+    run = pretrained.path("ngrams")
+    got = measure(run, criterion, sets=(1,), sequences=8)
+    ckpt = load_checkpoint(run)
+    (row,) = evaluate_sizes(ckpt.model(evaluation=True).eval(), ckpt.task(), (200,), 8, seed=1)
+    assert got["sets"] == [row["cost_bits"] / row["reference_cost_bits"] - 1]
+    assert got["met"] == (got["sets"][0] <= 0.01)
+
+
+def test_a_figure_without_a_bound_is_reported_not_counted():
+    sort = CRITERIA["priority_sort"]
+    assert [(c.metric, c.bound) for c in sort] == [("cost_bits", "<= 18"), ("perfect", "reported")]
+    assert sort[1].met(0.3) is None and sort[1].worst([0.2, 0.5]) == 0.2
+    runs = {0: pretrained.path("priority_sort")}
+    table = format_criteria("priority_sort", runs, sets=(1,), sequences=4).splitlines()
+    assert table[0].startswith("cost in bits per sequence at 20 inputs (<= 18)")
+    assert table[2] == "  1 of 1 seeds meet it" or table[2] == "  0 of 1 seeds meet it"
+    assert table[3].startswith("perfect at 20 inputs (reported)")
+    assert len(table) == 5 and not table[4].endswith(("meets it", "does not"))
+
+
 def test_seed_ranges_and_counts():
     assert _seed_range("5") == (None, 5) and _seed_range("0-4") == (0, 5)
     assert _seed_range("7-7") == (7, 1)
@@ -58,10 +80,10 @@ def test_seed_ranges_and_counts():
 
 
 def test_criterion_of_a_task_without_one_is_refused(capsys, tmp_path):
-    assert main(["sweep", "ngrams", "--seeds", "0-1", "--criterion", "--out",
+    assert main(["sweep", "shortest_path", "--seeds", "0-1", "--criterion", "--out",
                  str(tmp_path / "s")]) == 2
     err = capsys.readouterr().err
-    assert "--criterion: no criterion for ngrams; tasks with one: copy, repeat_copy" in err
+    assert "--criterion: no criterion for shortest_path; tasks with one: copy, repeat_copy" in err
     assert not (tmp_path / "s").exists()
     assert main(["sweep", "copy", "--seeds", "0-1", "--first-seed", "3", "--out",
                  str(tmp_path / "s")]) == 2
