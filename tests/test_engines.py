@@ -2,7 +2,8 @@
 final state and every gradient, in float64, in every configuration, with and without gradients,
 with a state passed in and carried over, batch first and packed. One suite, parametrised by the
 engines this machine runs (`FAST_ENGINES`); what is particular to one engine is tested beside it
-(test_native.py)."""
+(test_native.py); what the native engines of the NTM, the MANN and the DNC share, beside one
+another (test_native_models.py: there the gradients of a state passed in and of the input)."""
 
 import logging
 import math
@@ -135,21 +136,6 @@ def test_carried_state_equals_one_pass(engine, name):
     model, x = _model_and_input(CONFIGS[name], torch.float64, 3, 9)
     whole = _run(_eager(model), model, x)
     _assert_same(whole, _run(_in_two(_on(model, engine)), model, x), **F64)
-
-
-@engine_param
-def test_given_state_gets_gradients(engine):
-    model, x = _model_and_input({}, torch.float64, 2, 5)
-    state = model.initial_state(2)
-    memory = (state.memory + 0.1 * torch.randn_like(state.memory)).requires_grad_()
-    controller = tuple(t.detach().clone().requires_grad_() for t in state.controller)
-    given = state._replace(memory=memory, controller=controller)
-    grads = []
-    for fn in (_eager(model), _on(model, engine)):
-        logits, final = fn(x, given)
-        grads.append(torch.autograd.grad(_loss(logits, final), [memory, *controller]))
-    for got, expected in zip(grads[1], grads[0]):
-        torch.testing.assert_close(got, expected, **F64)
 
 
 @engine_param
