@@ -123,7 +123,13 @@ def test_resuming_a_run_with_nothing_left_to_train_leaves_it_as_it_was(trained, 
     capsys.readouterr()
     assert main(["train", "copy", "--resume", str(run), "--set", f"max_sequences={sequences}",
                  "--set", "lr=0.1", "--no-progress"]) == 0  # with plots: none are written
-    (line,) = [x for x in capsys.readouterr().out.splitlines() if x.startswith("nothing to")]
+    out = capsys.readouterr().out.splitlines()
+    # the run's config is not printed again (60 lines before the one that matters): where it is
+    # and what --set changed
+    assert out[:2] == [f"run directory: {run}",
+                       f"config: the run's own ({run / 'config.json'}), with lr=0.1 (was 0.003)"]
+    (line,) = [x for x in out if x.startswith("nothing to")]
+    assert line == out[2]
     assert line.startswith(f"nothing to train: its budget is spent (max_sequences={sequences}")
     assert f"--set init_from={run} --out NEW_DIR (and its --preset and model settings" in line
     after = {p.relative_to(run): p.read_bytes() for p in run.rglob("*") if p.is_file()}

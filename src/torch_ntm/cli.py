@@ -216,6 +216,7 @@ def _cmd_train(args) -> int:
     from torch_ntm.train import is_main_process, load_initial_weights
 
     main_process = is_main_process()  # under torchrun, rank 0 writes
+    saved = None  # a resumed run's own config
     if args.resume is not None:
         given = [f"--{name}" for name in ("out", "seed", "preset", "overwrite")
                  if getattr(args, name) not in (None, False)]
@@ -226,8 +227,8 @@ def _cmd_train(args) -> int:
         args.resume = ckpt.path.parent  # RUN/checkpoint.json, as evaluate takes it: the run
         if ckpt.config.task != args.task:
             raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
-        config = apply_overrides(ckpt.config, args.overrides)
-        check_resume(ckpt.config, config)
+        saved, config = ckpt.config, apply_overrides(ckpt.config, args.overrides)
+        check_resume(saved, config)
         run_dir = args.resume
     else:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
@@ -245,9 +246,23 @@ def _cmd_train(args) -> int:
         if args.overwrite:
             clear_run(run_dir)
         print(f"run directory: {run_dir}")
-        print(f"config: {config.to_json()}")
+        print(_config_line(config, saved, run_dir))
     with stack:
         return _train_and_report(args, config, run_dir, main_process)
+
+
+def _config_line(config, saved, run_dir: Path) -> str:
+    """What a training says of its config: the whole of a new run's; of a resumed run, where its
+    own is and what ``--set`` changed in it (the run's settings, printed when it started, are in
+    its config.json)."""
+    from torch_ntm.config import differing_keys
+
+    if saved is None:
+        return f"config: {config.to_json()}"
+    changed = ", ".join(f"{key}={getattr(config, key)!r} (was {getattr(saved, key)!r})"
+                        for key in differing_keys(saved, config))
+    return f"config: the run's own ({run_dir / 'config.json'})" + (
+        f", with {changed}" if changed else "")
 
 
 def _default_run_dir(task: str) -> Path:
