@@ -59,14 +59,15 @@ def test_the_tutorial_runs_from_a_task_to_a_plotted_model(tmp_path, monkeypatch)
 
 
 def test_the_api_pages_show_each_models_options_in_its_signature_and_its_docstring_matches():
-    """The models take ``**options``; scripts/griffe_options.py gives the API pages the runtime
+    """The models take ``**options``; scripts/_griffe_options.py gives the API pages the runtime
     signature (``help()``'s), so each documented option is a parameter with its type."""
     griffe = pytest.importorskip("griffe")  # the docs extra
     import inspect
 
     import torch_ntm
 
-    extension = griffe.load_extensions(f"{ROOT / 'scripts' / 'griffe_options.py'}:ModelSignatures")
+    extension = griffe.load_extensions(
+        f"{ROOT / 'scripts' / '_griffe_options.py'}:ModelSignatures")
     package = griffe.load("torch_ntm", search_paths=[ROOT / "src"], extensions=extension,
                           docstring_parser="google")
     for name in ("NTM", "NTMCell", "MANN", "MANNCell", "DNC", "DNCCell"):

@@ -1239,8 +1239,9 @@ def test_tensorboard_that_cannot_write_is_one_line_without_a_thread_traceback(tm
                              *train_argv(tmp_path / "run")], env=env, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 1, result.stderr
-    assert result.stderr.strip() == "ntm: error: [Errno 13] Permission denied: " \
-                                    "'tb/events.out.tfevents'"
+    assert result.stderr.strip() == (
+        "ntm: error: tb/events.out.tfevents: Permission denied (no permission to write there: "
+        "write the run elsewhere (--out))")
 
 
 @pytest.mark.parametrize("code, fix", [(errno.ENOSPC, "the disk is full: free space, or write "

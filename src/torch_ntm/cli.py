@@ -747,6 +747,7 @@ def main(argv: list[str] | None = None) -> int:
 # What to do about the machine's errors a run meets (errno -> the fix)
 _MACHINE_FIXES = {
     errno.EFBIG: "the file size limit (ulimit -f) is below what the run writes: raise it",
+    errno.EACCES: "no permission to write there: write the run elsewhere (--out)",
     errno.ENOSPC: "the disk is full: free space, or write the run elsewhere (--out)",
     errno.EDQUOT: "the disk quota is used up: free space, or write the run elsewhere (--out)",
 }

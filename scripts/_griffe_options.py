@@ -1,4 +1,5 @@
-"""A griffe extension for the API pages: each model's constructor as ``help()`` shows it.
+"""A griffe extension (not a script) for the API pages: each model's constructor as ``help()``
+shows it.
 
 The models take their options as ``**options`` (`torch_ntm.base.MemoryModule`) and present them
 in the class's ``__signature__``, built from the model's ``Options`` dataclass. Griffe reads the
