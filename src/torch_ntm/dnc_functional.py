@@ -140,8 +140,11 @@ def exclusive_cumprod(x: Tensor) -> Tensor:
     Returns:
         ``[..., N]``.
     """
-    if torch.compiler.is_compiling():  # torch.export (ONNX too) traces plain multiplications
-        return _multiplied_scan(torch.cat([torch.ones_like(x[..., :1]), x[..., :-1]], -1))
+    shifted = torch.cat([torch.ones_like(x[..., :1]), x[..., :-1]], -1)
+    if torch.compiler.is_exporting():  # torch.export (ONNX too) traces plain multiplications
+        return _multiplied_scan(shifted)
+    if torch.compiler.is_compiling():  # torch.compile traces torch's own
+        return torch.cumprod(shifted, -1)
     return _ExclusiveCumprod.apply(x)
 
 

@@ -240,7 +240,7 @@ def stable_order(x: Tensor) -> Tensor:
     ``torch.argsort(x, stable=True)``. Under `torch.export` (ONNX has no stable sort) the same
     order comes from each entry's rank, the entries below it plus the equal ones before it, by
     comparing every pair: O(N^2), so only there."""
-    if not torch.compiler.is_compiling():
+    if not torch.compiler.is_exporting():
         return torch.argsort(x, dim=-1, stable=True)
     index = torch.arange(x.shape[-1], device=x.device)
     below = x.unsqueeze(-2) < x.unsqueeze(-1)  # [..., i, j]: x_j < x_i
