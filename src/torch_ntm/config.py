@@ -478,19 +478,15 @@ def check_steps(task, size: int, what: str, fix: str, limit: int = MAX_SEQUENCE_
     sequence of ``task`` (at ``size``) has more steps than ``limit``. A sequence has at least as
     many steps as its size and its repeat count, so a larger one is refused before a sequence
     is drawn (one of a billion steps would not fit in memory)."""
-    bound = getattr(task, "max_steps", None)  # a task that knows its longest sequence
+    knows = getattr(task, "max_steps", None) is not None  # its longest sequence, undrawn
     least = max(size, getattr(task, "max_repeats", 0))
-    if bound is not None:
-        if bound <= limit:
-            return
-        steps = f"up to {bound:,}"
-    elif least > limit:
+    if not knows and least > limit:
         steps = f"at least {least:,}"
     else:
         count = _steps(task)
         if count <= limit:
             return
-        steps = f"{count:,}"
+        steps = f"up to {count:,}" if knows else f"{count:,}"
     raise ConfigError(f"{what} takes {steps} steps, more than {limit:,}: {fix}")
 
 

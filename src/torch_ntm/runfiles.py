@@ -167,11 +167,8 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)
-    except OSError as e:  # a full disk, a file size limit: name the file being written
+    except BaseException as e:
         Path(tmp).unlink(missing_ok=True)
-        if e.filename is None:
-            raise OSError(e.errno, e.strerror, str(path)) from None
-        raise
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+        if isinstance(e, OSError) and e.filename is None:  # a full disk, a file size limit
+            raise OSError(e.errno, e.strerror, str(path)) from None  # name the file written
         raise
