@@ -70,6 +70,19 @@ def test_a_figure_without_a_bound_is_reported_not_counted():
     assert len(table) == 5 and not table[4].endswith(("meets it", "does not"))
 
 
+def test_criteria_at_the_same_sizes_share_one_evaluation_of_a_run(monkeypatch):
+    """Priority sort's cost and perfect fraction are both read at 20 inputs: one evaluation."""
+    import torch_ntm.criteria as criteria
+
+    calls = []
+    real = criteria._evaluations
+    monkeypatch.setattr(criteria, "_evaluations",
+                        lambda *args: calls.append(args) or real(*args))
+    format_criteria("priority_sort", {0: pretrained.path("priority_sort")}, sets=(1,),
+                    sequences=4)
+    assert len(calls) == 1
+
+
 def test_seed_ranges_and_counts():
     assert _seed_range("5") == (None, 5) and _seed_range("0-4") == (0, 5)
     assert _seed_range("7-7") == (7, 1)
@@ -88,3 +101,7 @@ def test_criterion_of_a_task_without_one_is_refused(capsys, tmp_path):
     assert main(["sweep", "copy", "--seeds", "0-1", "--first-seed", "3", "--out",
                  str(tmp_path / "s")]) == 2
     assert "--seeds A-B names the first seed; drop --first-seed" in capsys.readouterr().err
+    assert main(["sweep", "copy", "--seeds", "0-1", "--criterion", "--grid", "lr=1e-3,3e-3",
+                 "--out", str(tmp_path / "s")]) == 2
+    assert "--criterion: not with --grid" in capsys.readouterr().err
+    assert not (tmp_path / "s").exists()

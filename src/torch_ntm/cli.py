@@ -628,15 +628,18 @@ def _cmd_sweep(args) -> int:
         format_grid_report,
         format_report,
         run_sweep,
+        seed_dir,
     )
 
     first, count = args.seeds or (None, 10)
     if first is not None and args.first_seed is not None:
         raise ConfigError("--seeds A-B names the first seed; drop --first-seed")
     first = first if first is not None else (args.first_seed or 0)
-    if args.criterion and (args.task not in CRITERIA or args.grid):
-        raise ConfigError(f"--criterion: {'not with --grid' if args.grid else 'no criterion for '}"
-                          f"{'' if args.grid else args.task}; tasks with one: "
+    if args.criterion and args.grid:
+        raise ConfigError("--criterion: not with --grid (it scores the seeds of one "
+                          "configuration)")
+    if args.criterion and args.task not in CRITERIA:
+        raise ConfigError(f"--criterion: no criterion for {args.task}; tasks with one: "
                           f"{', '.join(CRITERIA)}")
     try:
         report = run_sweep(args.task, count, jobs=args.jobs, preset=args.preset,
@@ -665,7 +668,7 @@ def _cmd_sweep(args) -> int:
 
         out = args.out or default_out(args.task)
         print()
-        print(format_criteria(args.task, {seed: out / f"seed-{seed}"
+        print(format_criteria(args.task, {seed: seed_dir(out, seed)
                                           for seed in range(first, first + count)}))
     return 0
 

@@ -46,11 +46,16 @@ class Criterion:
     def worst(self, values: list[float]) -> float:
         return max(values) if self.at_most is not None else min(values)
 
+    @property
+    def bounded(self) -> bool:
+        """Whether it has a bound to meet (else it is a figure reported beside the others)."""
+        return self.at_least is not None or self.at_most is not None
+
     def met(self, value: float) -> bool | None:
         """Whether ``value`` meets the bound; None for a figure that is only reported."""
         if self.at_least is not None:
             return value >= self.at_least
-        return None if self.at_most is None else value <= self.at_most
+        return value <= self.at_most if self.bounded else None
 
     @property
     def bound(self) -> str:
@@ -77,10 +82,9 @@ CRITERIA: dict[str, tuple[Criterion, ...]] = {
 }
 
 
-def measure(run: str | Path, criterion: Criterion, sets=SETS,
-            sequences: int = SEQUENCES) -> dict:
-    """``criterion`` on the kept weights of ``run`` (with its generalisation memory, as `ntm
-    evaluate` runs it): ``{"mean", "min", "max", "met", "sets"}``, ``sets`` the value of each."""
+def _evaluations(run: str | Path, criterion: Criterion, sets, sequences: int) -> list:
+    """The evaluation rows (`evaluate_sizes`) of ``run``'s kept weights (with its generalisation
+    memory, as `ntm evaluate` runs it) at ``criterion``'s sizes and repeats, one list per set."""
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.evaluate import evaluate_sizes
 
@@ -88,10 +92,18 @@ def measure(run: str | Path, criterion: Criterion, sets=SETS,
     model, task = ckpt.model(evaluation=True).eval(), ckpt.task()
     if criterion.repeats is not None:
         task = task.with_repeats(criterion.repeats)
-    values = []
-    for seed in sets:
-        rows = evaluate_sizes(model, task, criterion.sizes, num_sequences=sequences, seed=seed)
-        values.append(criterion.worst([criterion.value(row) for row in rows]))
+    return [evaluate_sizes(model, task, criterion.sizes, num_sequences=sequences, seed=seed)
+            for seed in sets]
+
+
+def measure(run: str | Path, criterion: Criterion, sets=SETS, sequences: int = SEQUENCES,
+            evaluations: list | None = None) -> dict:
+    """``criterion`` on the kept weights of ``run`` (with its generalisation memory, as `ntm
+    evaluate` runs it): ``{"mean", "min", "max", "met", "sets"}``, ``sets`` the value of each.
+    ``evaluations``: the rows `_evaluations` gives for them, if already computed."""
+    if evaluations is None:
+        evaluations = _evaluations(run, criterion, sets, sequences)
+    values = [criterion.worst([criterion.value(row) for row in rows]) for rows in evaluations]
     mean = statistics.fmean(values)
     return {"mean": mean, "min": min(values), "max": max(values), "met": criterion.met(mean),
             "sets": values}
@@ -100,18 +112,23 @@ def measure(run: str | Path, criterion: Criterion, sets=SETS,
 def format_criteria(task: str, runs: dict[int, Path], sets=SETS,
                     sequences: int = SEQUENCES) -> str:
     """The criterion table of ``task``'s runs by seed: for each criterion, each seed's mean over
-    the sets (lowest-highest) and whether it meets the bound, then how many seeds do."""
-    lines = []
+    the sets (lowest-highest) and whether it meets the bound, then how many seeds do. Criteria
+    at the same sizes and repeats (priority sort's cost and perfect fraction) share one
+    evaluation of each run."""
+    lines, evaluated = [], {}
     for criterion in CRITERIA[task]:
         lines.append(f"{criterion.label} ({criterion.bound}), mean of {len(sets)} sets of "
                      f"{sequences:,} (lowest-highest):")
         met = 0
         for seed, run in runs.items():
-            m = measure(run, criterion, sets, sequences)
+            key = (run, criterion.sizes, criterion.repeats)
+            if key not in evaluated:
+                evaluated[key] = _evaluations(run, criterion, sets, sequences)
+            m = measure(run, criterion, sets, sequences, evaluated[key])
             met += bool(m["met"])
             verdict = {True: "  meets it", False: "  does not", None: ""}[m["met"]]
             lines.append(f"  seed {seed}: {m['mean']:.4g} ({m['min']:.4g}-{m['max']:.4g})"
                          f"{verdict}")
-        if criterion.met(0.0) is not None:
+        if criterion.bounded:
             lines.append(f"  {met} of {len(runs)} seeds meet it")
     return "\n".join(lines)

@@ -225,7 +225,7 @@ def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequence
            ray_address, gpus_per_run, grid, echo) -> dict:
     """`run_sweep` once its arguments are checked, holding the lock of ``out``."""
     seed_range = range(first_seed, first_seed + seeds)
-    runs = [_SeedRun(p, s, out / p.name / f"seed-{s}",
+    runs = [_SeedRun(p, s, seed_dir(out, s, p.name),
                      [*sets, *p.overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"])
             for p in points for s in seed_range]
     for run in runs:  # OUT/POINT/seed-S: not a link planted in the sweep's folder
@@ -355,6 +355,12 @@ def _train_all(task: str, preset: str | None, runs: list[_SeedRun], jobs: int | 
 def default_out(task: str) -> Path:
     """The folder of a sweep of ``task`` without ``out``."""
     return Path("runs") / f"sweep-{task}"
+
+
+def seed_dir(out: Path, seed: int, point: str = "") -> Path:
+    """The run directory of ``seed`` in the sweep folder ``out`` (in grid point ``point``'s
+    folder for a grid)."""
+    return Path(out) / point / f"seed-{seed}"
 
 
 def _train_argv(task: str, preset: str | None, run: _SeedRun) -> list[str]:
