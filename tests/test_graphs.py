@@ -4,6 +4,7 @@ out, the cache of graphs, a second derivative, a failed capture) with a stand-in
 capture that runs the same function; the engine's choice. The capture itself runs on a GPU
 (scripts/gpu_check.sh)."""
 
+import gc
 import importlib.util
 import logging
 from pathlib import Path
@@ -337,10 +338,11 @@ def test_cuda_failed_capture_leaves_the_process_as_it_was(how, caplog):
                                      dtype=torch.float64, device="cuda")
     model.how = how
     x = torch.randn(6, 3, 5, dtype=torch.float64, device="cuda")
-    torch.cuda.synchronize()
-    allocated = torch.cuda.memory_allocated()
     torch.cuda.manual_seed(7)
     expected_random = torch.randn(4, device="cuda")
+    gc.collect()  # an earlier test's garbage, which the failure's own collection would free
+    torch.cuda.synchronize()
+    allocated = torch.cuda.memory_allocated()
     torch.cuda.manual_seed(7)
     stream = torch.cuda.current_stream()
     with caplog.at_level(logging.WARNING, logger="torch_ntm.engines"):
@@ -359,6 +361,7 @@ def test_cuda_failed_capture_leaves_the_process_as_it_was(how, caplog):
     _assert_same(got, again)
     del got, again
     graphs._GRAPHS.pop(model, None)
+    gc.collect()
     torch.cuda.synchronize()
     assert torch.cuda.memory_allocated() == allocated
 
