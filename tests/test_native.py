@@ -238,6 +238,48 @@ def test_the_generated_header_declares_each_description_as_its_ctypes_structure(
         assert f"offsetof(NTMCall, {field}) == {getattr(native.NTMCall, field).offset}" in text
 
 
+def test_the_header_shares_the_constants_and_reads_the_buffers_by_the_table():
+    from torch_ntm import functional
+    from torch_ntm.engines.calls import DNCCall, MANNCall
+
+    text = library.header()
+    assert f"constexpr double kEps = {functional.EPS!r};" in text
+    assert f"constexpr double kSoftplusThreshold = {functional.SOFTPLUS_THRESHOLD!r};" in text
+    # each buffer read in the table's order, with its size from the call's fields
+    take = text[text.index("size_t take(const MANNCall& d"):]
+    names = [b.name for b in MANNCall.buffers]
+    assert [take.index(f"    {n}_ = ") for n in names] == sorted(take.index(f"    {n}_ = ")
+                                                             for n in names)
+    assert "z_size = (d.batch) * (d.heads * d.width + d.controller);" in take
+    assert "link_.push_back" in text[text.index("size_t take(const DNCCall& d"):]
+    assert "struct DNCCallBackward { enum : size_t { wrh, wp, dhs," in text
+
+
+def test_buffers_are_allocated_and_passed_in_the_tables_order():
+    from torch_ntm.engines.calls import DNCCall
+
+    call = DNCCall(steps=3, batch=2, controller=5, read_heads=2, width=4, rows=6, fields=9,
+                   keep_all=1)
+    like = torch.zeros(1, dtype=torch.float64)
+    buf = library.allocate(call, like)
+    assert buf._fields == tuple(b.name for b in DNCCall.buffers)
+    assert buf.z.shape == (3, 2, 2 * 4 + 5) and buf.cell.shape == (4, 2, 5)
+    assert len(buf.link) == 4 and buf.link[0].shape == (2, 6, 6)  # a block per slot
+    assert library.allocate(DNCCall(steps=3, batch=2, controller=5, read_heads=2, width=4,
+                                    rows=6, fields=9, keep_all=0), like).fwd.shape[0] == 1
+    flat = library.flat(buf)
+    assert len(flat) == len(DNCCall.buffers) - 1 + 4
+    assert all(a is b for a, b in zip(library.flat(library.unflat(call, flat)), flat))
+    inputs = {name: torch.zeros(1, dtype=torch.float64) for name in DNCCall.forward_args}
+    pointers = library.arguments(call, "forward", dict(reversed(inputs.items())), buf)
+    assert pointers == [*(inputs[n].data_ptr() for n in DNCCall.forward_args),
+                        *(t.data_ptr() for t in flat)]
+    with pytest.raises(TypeError, match="takes"):
+        library.arguments(call, "forward", {"xpre": like}, buf)
+    with pytest.raises(ValueError, match="only sums and products"):
+        library._size("rows // 2", call)
+
+
 def test_prepare_builds_in_the_background_once_and_the_first_call_waits_for_it(monkeypatch):
     import threading
     import time

@@ -33,6 +33,8 @@ from torch import Tensor
 
 __all__ = [
     "EPS",
+    "SOFTPLUS_THRESHOLD",
+    "softplus",
     "content_weights",
     "interpolate",
     "shift",
@@ -55,6 +57,15 @@ __all__ = [
 # and makes an (almost) empty row or key score ~0 similarity, i.e. a uniform content weighting.
 # Relative to O(1) keys and rows its effect (~EPS/2) is below float32 rounding.
 EPS = 1e-8
+# Above it softplus(x) is taken as x (torch's default, which the native kernels share: both
+# constants are generated into their header).
+SOFTPLUS_THRESHOLD = 20.0
+
+
+def softplus(x: Tensor) -> Tensor:
+    """``log(1 + exp(x))``, the activation of the key strengths and sharpenings (``x`` above
+    `SOFTPLUS_THRESHOLD` as it is)."""
+    return torch.nn.functional.softplus(x, threshold=SOFTPLUS_THRESHOLD)
 
 
 def content_weights(memory: Tensor, key: Tensor, beta: Tensor) -> Tensor:

@@ -19,7 +19,6 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 from torch_ntm import dnc_functional as dncf
@@ -126,10 +125,10 @@ class HeadLayout:
         write = kind == "write"
         return HeadParameters(
             key=torch.tanh(parts["key"]),
-            beta=soft_cap(F.softplus(parts["beta"]), beta_cap),
+            beta=soft_cap(ntmf.softplus(parts["beta"]), beta_cap),
             gate=torch.sigmoid(parts["gate"]),
             shift=torch.softmax(parts["shift"], dim=-1),
-            gamma=1.0 + soft_cap(F.softplus(parts["gamma"]), gamma_cap),
+            gamma=1.0 + soft_cap(ntmf.softplus(parts["gamma"]), gamma_cap),
             erase=torch.sigmoid(parts["erase"]) if write else None,
             add=torch.tanh(parts["add"]) if write else None,
         )
@@ -206,7 +205,7 @@ class LRUALayout:
                             dim=-1)
         key = torch.tanh(parts[0])
         add = torch.tanh(parts[2]) if self.write_vector == "add" else key
-        beta = F.softplus(parts[-1]) if self.learned_beta else torch.ones_like(parts[1])
+        beta = ntmf.softplus(parts[-1]) if self.learned_beta else torch.ones_like(parts[1])
         return LRUAParameters(key=key, alpha=parts[1], add=add, beta=beta)
 
     def heads_step(self, raw: Tensor, memory: Tensor, usage: Tensor, read_weights: Tensor,
@@ -289,7 +288,7 @@ class DNCAccess(NamedTuple):
 
 _ACTIVATIONS = {
     "none": lambda x: x,
-    "oneplus": lambda x: 1.0 + F.softplus(x),
+    "oneplus": lambda x: 1.0 + ntmf.softplus(x),
     "sigmoid": torch.sigmoid,
     "softmax": lambda x: torch.softmax(x, dim=-1),
 }

@@ -5,6 +5,7 @@
 
 #pragma once
 
+#include "calls.h"  // generated: the engines' calls, kEps, kSoftplusThreshold
 #include "entry.h"
 
 #include "vec.h"
@@ -19,7 +20,6 @@
 
 namespace torch_ntm {
 
-constexpr double kEps = 1e-8;  // functional.EPS: keeps cosine similarities finite at zero norm
 
 // ------------------------------------------------------------------------------------------------
 // Small loops. `#pragma omp simd` (with -fopenmp-simd) lets the reductions vectorise.
@@ -148,11 +148,11 @@ void combine_rows(const F* a, const F* x, int64_t rows, int64_t n, F* y, bool ac
   }
 }
 
-// F.softplus (threshold 20) and its derivative.
+// functional.softplus (x itself above kSoftplusThreshold) and its derivative.
 template <typename F>
-inline F softplus(F x) { return x > F(20) ? x : std::log1p(std::exp(x)); }
+inline F softplus(F x) { return x > F(kSoftplusThreshold) ? x : std::log1p(std::exp(x)); }
 template <typename F>
-inline F softplus_grad(F x) { return x > F(20) ? F(1) : sigmoid(x); }
+inline F softplus_grad(F x) { return x > F(kSoftplusThreshold) ? F(1) : sigmoid(x); }
 
 // Row-major out[m, n] = A[m, k] B[k, n] + beta out, with A given as [k, m] if ta and B as [n, k]
 // if tb: BLAS's gemm where torch exports it (its MKL), else a plain loop.

@@ -44,30 +44,22 @@ struct State {
   F *mem, *usage, *link, *prec, *wr, *ww;
 };
 
-// The buffers (engines/dnc.py's `_Buffers`): per slot (T + 1 of state, or 2 for inference) or
-// per step (T, or 1 for inference; hs and reads always T).
+// The buffers (DNCCall.buffers, engines/calls.py; the accessors generated into calls.h), with
+// the call's sizes: a slot's state and a step's weightings for one batch element.
 template <typename F>
-struct View {
+struct View : DNCCallBuffers<F> {
+  using Base = DNCCallBuffers<F>;
+  using Base::fwd;
+  using Base::bwd;
   Cfg c;
-  F *cell_, *mem_, *usage_, *prec_, *wr_, *ww_, *hs_, *reads_, *z_, *act_, *raw_, *fwd_, *bwd_;
-  // The link matrices, the largest buffer, one block per slot ([B, N, N]): blocks of a few MB are
-  // reused from the heap between calls, where one block of all slots would be mapped afresh (and
-  // page-faulted) on every call.
-  std::vector<F*> link_;
 
-  F* cell(int64_t s) const { return cell_ + s * c.B * c.C; }
   State<F> state(int64_t s, int64_t b) const {
-    const int64_t N = c.N, k = s * c.B + b;
-    return {mem_ + k * N * c.W, usage_ + k * N, link_[s] + b * N * N, prec_ + k * N,
-            wr_ + k * c.R * N, ww_ + k * N};
+    const int64_t N = c.N;
+    return {this->mem(s) + b * N * c.W, this->usage(s) + b * N, this->link(s) + b * N * N,
+            this->prec(s) + b * N,      this->wr(s) + b * c.R * N, this->ww(s) + b * N};
   }
-  F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
-  F* reads(int64_t t) const { return reads_ + t * c.B * c.RW(); }
-  F* z(int64_t st) const { return z_ + st * c.B * (c.RW() + c.C); }
-  F* act(int64_t st) const { return act_ + st * c.B * c.G(); }
-  F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
-  F* fwd(int64_t st, int64_t b) const { return fwd_ + (st * c.B + b) * c.R * c.N; }
-  F* bwd(int64_t st, int64_t b) const { return bwd_ + (st * c.B + b) * c.R * c.N; }
+  F* fwd(int64_t st, int64_t b) const { return fwd(st) + b * c.R * c.N; }
+  F* bwd(int64_t st, int64_t b) const { return bwd(st) + b * c.R * c.N; }
 };
 
 // What a step computes on the way, for one batch element: what its backward needs.
@@ -595,45 +587,37 @@ Cfg config(const DNCCall& d) {
   return c;
 }
 
-// The buffers, in the order cell, mem, usage, prec, wr, ww, hs, reads, z, act, raw, fwd, bwd;
-// and, from `links`, one link block per slot.
-constexpr size_t kBuffers = 13;
-
 template <typename F>
-View<F> take_view(const Cfg& c, const uintptr_t* p, const uintptr_t* links) {
-  View<F> v{c};
-  F** fields[kBuffers] = {&v.cell_, &v.mem_, &v.usage_, &v.prec_, &v.wr_,  &v.ww_, &v.hs_,
-                          &v.reads_, &v.z_,  &v.act_,   &v.raw_,  &v.fwd_, &v.bwd_};
-  for (size_t i = 0; i < kBuffers; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
-  const int64_t slots = c.keep_all ? c.T + 1 : 2;
-  for (int64_t i = 0; i < slots; ++i) v.link_.push_back(reinterpret_cast<F*>(links[i]));
+View<F> take_view(const DNCCall& d, const uintptr_t* p) {
+  View<F> v;
+  v.c = config(d);
+  v.take(d, p);
   return v;
 }
 
-// pointers: xpre, wrh, wp, bp, h0, reads0, then the buffers and the link blocks (take_view).
+// pointers: DNCCallForward's, then the buffers.
 template <typename F>
 void run_forward(const DNCCall* d, const uintptr_t* p) {
-  const Cfg c = config(*d);
-  const Params<F> params{arg<F>(p, 0), arg<F>(p, 1), arg<F>(p, 2), arg<F>(p, 3), arg<F>(p, 4),
-                         arg<F>(p, 5)};
-  forward<F>(take_view<F>(c, p + 6, p + 6 + kBuffers), params);
+  using A = DNCCallForward;
+  const Params<F> params{arg<F>(p, A::xpre), arg<F>(p, A::wrh), arg<F>(p, A::wp),
+                         arg<F>(p, A::bp),   arg<F>(p, A::h0),  arg<F>(p, A::reads0)};
+  forward<F>(take_view<F>(*d, p + A::count), params);
 }
 
-// pointers: wrh, wp, the buffers (take_view), dhs, dreads_out, the carried dmem, dusage, dlink,
-// dprec, dwr, dww, dreads, dh, dc (each replaced by the initial state's), the outputs dgates,
-// draw, and the link blocks.
+// pointers: DNCCallBackward's, then the buffers.
 template <typename F>
 void run_backward(const DNCCall* d, const uintptr_t* p) {
-  const Cfg c = config(*d);
-  if (!c.keep_all) throw std::invalid_argument("dnc: the backward needs every step's state");
+  using A = DNCCallBackward;
+  const View<F> v = take_view<F>(*d, p + A::count);
+  if (!v.c.keep_all) throw std::invalid_argument("dnc: the backward needs every step's state");
   Params<F> params{};
-  params.wrh = arg<F>(p, 0);
-  params.wp = arg<F>(p, 1);
-  const uintptr_t* q = p + 2 + kBuffers;
-  const View<F> v = take_view<F>(c, p + 2, q + 13);
-  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(q[i]); };
-  Grads<F> g{ptr(2), ptr(3), ptr(4), ptr(5), ptr(6), ptr(7)};
-  backward<F>(v, params, ptr(0), ptr(1), g, ptr(8), ptr(9), ptr(10), ptr(11), ptr(12));
+  params.wrh = arg<F>(p, A::wrh);
+  params.wp = arg<F>(p, A::wp);
+  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
+  Grads<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dlink), ptr(A::dprec), ptr(A::dwr),
+             ptr(A::dww)};
+  backward<F>(v, params, ptr(A::dhs), ptr(A::dreads), g, ptr(A::dreads0), ptr(A::dh),
+              ptr(A::dc), ptr(A::dgates), ptr(A::draw));
 }
 
 }  // namespace dnc

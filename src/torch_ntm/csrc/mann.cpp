@@ -37,25 +37,11 @@ struct Cfg {
   int64_t beta(int64_t k) const { return k * Fw + o_beta; }
 };
 
-// The buffers (engines/mann.py's `_Buffers`): per slot (T + 1 of state, or 2 for inference) or
-// per step (T, or 1 for inference; hs and reads always T).
+// The buffers (MANNCall.buffers, engines/calls.py; the accessors generated into calls.h), with
+// the call's sizes.
 template <typename F>
-struct View {
+struct View : MANNCallBuffers<F> {
   Cfg c;
-  F *cell_, *mem_, *msq_, *usage_, *wr_, *lu_, *hs_, *reads_, *z_, *act_, *raw_, *cos_;
-
-  F* cell(int64_t s) const { return cell_ + s * c.B * c.C; }
-  F* mem(int64_t s) const { return mem_ + s * c.B * c.M * c.N; }
-  F* msq(int64_t s) const { return msq_ + s * c.B * c.N; }
-  F* usage(int64_t s) const { return usage_ + s * c.B * c.N; }
-  F* wr(int64_t s) const { return wr_ + s * c.B * c.H * c.N; }
-  F* lu(int64_t s) const { return lu_ + s * c.B * c.N; }
-  F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
-  F* reads(int64_t t) const { return reads_ + t * c.B * c.H * c.M; }
-  F* z(int64_t st) const { return z_ + st * c.B * c.Z(); }
-  F* act(int64_t st) const { return act_ + st * c.B * c.G(); }
-  F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
-  F* cos(int64_t st) const { return cos_ + st * c.B * c.H * c.N; }
 };
 
 // ------------------------------------------------------------------------------------------------
@@ -625,40 +611,37 @@ Cfg config(const MANNCall& d) {
   return c;
 }
 
-// The buffers, in the order cell, mem, msq, usage, wr, lu, hs, reads, z, act, raw, cos.
 template <typename F>
-View<F> take_view(const Cfg& c, const uintptr_t* p) {
-  View<F> v{c};
-  F** fields[] = {&v.cell_, &v.mem_, &v.msq_, &v.usage_, &v.wr_, &v.lu_,
-                  &v.hs_,   &v.reads_, &v.z_, &v.act_,   &v.raw_, &v.cos_};
-  for (size_t i = 0; i < 12; ++i) *fields[i] = reinterpret_cast<F*>(p[i]);
+View<F> take_view(const MANNCall& d, const uintptr_t* p) {
+  View<F> v;
+  v.c = config(d);
+  v.take(d, p);
   return v;
 }
 
-// pointers: xpre, wrh, wp, bp, h0, reads0, work (unused without keep_all), then the buffers
-// (take_view).
+// pointers: MANNCallForward's, then the buffers.
 template <typename F>
 void run_forward(const MANNCall* d, const uintptr_t* p) {
-  const Cfg c = config(*d);
-  const Params<F> params{arg<F>(p, 0), arg<F>(p, 1), arg<F>(p, 2), arg<F>(p, 3), arg<F>(p, 4),
-                         arg<F>(p, 5), reinterpret_cast<F*>(p[6])};
-  forward<F>(take_view<F>(c, p + 7), params);
+  using A = MANNCallForward;
+  const Params<F> params{arg<F>(p, A::xpre), arg<F>(p, A::wrh), arg<F>(p, A::wp),
+                         arg<F>(p, A::bp),   arg<F>(p, A::h0),  arg<F>(p, A::reads0),
+                         reinterpret_cast<F*>(p[A::work])};
+  forward<F>(take_view<F>(*d, p + A::count), params);
 }
 
-// pointers: wrh, wp, the buffers (take_view), dhs, dreads_out, the carried dmem, dusage, dwr,
-// dreads, dh, dc, dlu, and the outputs dgates, draw.
+// pointers: MANNCallBackward's, then the buffers.
 template <typename F>
 void run_backward(const MANNCall* d, const uintptr_t* p) {
-  const Cfg c = config(*d);
-  if (!c.keep_all) throw std::invalid_argument("mann: the backward needs every step's state");
+  using A = MANNCallBackward;
+  const View<F> v = take_view<F>(*d, p + A::count);
+  if (!v.c.keep_all) throw std::invalid_argument("mann: the backward needs every step's state");
   Params<F> params{};
-  params.wrh = arg<F>(p, 0);
-  params.wp = arg<F>(p, 1);
-  const View<F> v = take_view<F>(c, p + 2);
-  const uintptr_t* q = p + 14;
-  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(q[i]); };
-  Carried<F> g{ptr(2), ptr(3), ptr(4), ptr(5), ptr(6), ptr(7), ptr(8)};
-  backward<F>(v, params, ptr(0), ptr(1), g, ptr(9), ptr(10));
+  params.wrh = arg<F>(p, A::wrh);
+  params.wp = arg<F>(p, A::wp);
+  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
+  Carried<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dwr), ptr(A::dreads0),
+               ptr(A::dh),   ptr(A::dc),     ptr(A::dlu)};
+  backward<F>(v, params, ptr(A::dhs), ptr(A::dreads), g, ptr(A::dgates), ptr(A::draw));
 }
 
 }  // namespace lrua

@@ -14,13 +14,30 @@ This module imports no engine: the models, the library and the engines all read 
 from __future__ import annotations
 
 import ctypes
+from typing import NamedTuple
 
 from torch import nn
 
 from torch_ntm.layout import DNC_FIELDS, HEAD_FIELDS
 
-__all__ = ["DESCRIPTIONS", "DNCCall", "Description", "MANNCall", "NATIVE", "NTMCall",
+__all__ = ["Buffer", "DESCRIPTIONS", "DNCCall", "Description", "MANNCall", "NATIVE", "NTMCall",
            "NTM_BLOCKS"]
+
+
+class Buffer(NamedTuple):
+    """One buffer that a forward call fills and its backward reads: ``count`` of ``shape`` each,
+    where ``count`` is "slots" (every step's state and the initial one, T + 1; two for inference),
+    "steps" (T, always) or "kept" (every step's intermediates, T; one for inference), and the
+    shape's sizes are expressions of the call's fields. One allocation, or with ``blocks`` one per
+    slot or step (a large buffer: the heap reuses such blocks between calls, where one allocation
+    of them all would be mapped afresh every call). `torch_ntm.engines.library` allocates them
+    (`allocate`), passes their addresses in this order (`arguments`) and generates the C++ that
+    reads them (``calls.h``: a struct with one accessor per buffer)."""
+
+    name: str
+    count: str
+    shape: tuple[str, ...]
+    blocks: bool = False
 
 
 class Description(ctypes.Structure):
@@ -33,6 +50,13 @@ class Description(ctypes.Structure):
     cpp: str = ""
     name: str = ""
     sources: tuple[str, ...] = ()
+    # Where a call passes its buffers (`Buffer`) rather than a layout of its own: the table, in
+    # the order of the addresses, and the names of the addresses before them, of the forward
+    # call and of the backward call (the generated ``calls.h`` numbers them, so the C++ reads
+    # each by name).
+    buffers: tuple[Buffer, ...] = ()
+    forward_args: tuple[str, ...] = ()
+    backward_args: tuple[str, ...] = ()
 
 
 # The NTM kernels' blocks of the head layer's rows, by activation, in this order
@@ -82,6 +106,27 @@ class MANNCall(Description):
     ]
     name = "mann"
     sources = ("mann.cpp",)
+    buffers = (
+        Buffer("cell", "slots", ("batch", "controller")),  # the LSTM's cells
+        Buffer("mem", "slots", ("batch", "width", "rows")),  # memory, transposed
+        Buffer("msq", "slots", ("batch", "rows")),  # its rows' squared norms (slot 0 unused)
+        Buffer("usage", "slots", ("batch", "rows")),
+        Buffer("wr", "slots", ("batch", "heads", "rows")),  # read weightings
+        Buffer("lu", "slots", ("batch", "rows")),  # the least-used rows
+        Buffer("hs", "steps", ("batch", "controller")),  # the LSTM's outputs
+        Buffer("reads", "steps", ("batch", "heads", "width")),
+        # the recurrent matmul's input [reads, h] of the step before
+        Buffer("z", "kept", ("batch", "heads * width + controller")),
+        Buffer("act", "kept", ("batch", "4 * controller")),  # activated gates (i, f, o, g)
+        Buffer("raw", "kept", ("batch", "heads * fields")),  # the head layer's outputs
+        Buffer("cos", "kept", ("batch", "heads", "rows")),  # cosine similarities
+    )
+    # work: [2, B, M, N], where every step's memory is kept, the last two steps' (unused else)
+    forward_args = ("xpre", "wrh", "wp", "bp", "h0", "reads0", "work")
+    # the gradients of the outputs, those of the initial state (each carried in the state's: the
+    # initial state's on return), then the outputs dgates and draw
+    backward_args = ("wrh", "wp", "dhs", "dreads", "dmem", "dusage", "dwr", "dreads0", "dh",
+                     "dc", "dlu", "dgates", "draw")
 
 
 class DNCCall(Description):
@@ -99,6 +144,29 @@ class DNCCall(Description):
     ]
     name = "dnc"
     sources = ("dnc.cpp",)
+    buffers = (
+        Buffer("cell", "slots", ("batch", "controller")),  # the LSTM's cells
+        Buffer("mem", "slots", ("batch", "rows", "width")),
+        Buffer("usage", "slots", ("batch", "rows")),
+        Buffer("prec", "slots", ("batch", "rows")),  # precedence
+        Buffer("wr", "slots", ("batch", "read_heads", "rows")),  # read weightings
+        Buffer("ww", "slots", ("batch", "rows")),  # the write weighting
+        Buffer("hs", "steps", ("batch", "controller")),  # the LSTM's outputs
+        Buffer("reads", "steps", ("batch", "read_heads", "width")),
+        # the recurrent matmul's input [reads, h] of the step before
+        Buffer("z", "kept", ("batch", "read_heads * width + controller")),
+        Buffer("act", "kept", ("batch", "4 * controller")),  # activated gates (i, f, o, g)
+        Buffer("raw", "kept", ("batch", "fields")),  # the interface layer's outputs
+        Buffer("fwd", "kept", ("batch", "read_heads", "rows")),  # forward weightings
+        Buffer("bwd", "kept", ("batch", "read_heads", "rows")),  # backward weightings
+        # the link matrices, the largest buffer (44 MB at N = 128, T = 41, B = 16)
+        Buffer("link", "slots", ("batch", "rows", "rows"), blocks=True),
+    )
+    forward_args = ("xpre", "wrh", "wp", "bp", "h0", "reads0")
+    # the gradients of the outputs, those of the initial state (each carried in the state's: the
+    # initial state's on return), then the outputs dgates and draw
+    backward_args = ("wrh", "wp", "dhs", "dreads", "dmem", "dusage", "dlink", "dprec", "dwr",
+                     "dww", "dreads0", "dh", "dc", "dgates", "draw")
 
     @staticmethod
     def why_not(model: nn.Module) -> str | None:

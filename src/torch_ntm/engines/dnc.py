@@ -41,33 +41,6 @@ _FIELDS = tuple(field.name for field in DNC_FIELDS)
 
 
 
-class _Buffers(NamedTuple):
-    """What the forward writes and the backward reads (csrc/dnc.cpp's `View`, in its order): per
-    slot of state (T + 1, or 2 for inference), per step (T, or 1 for inference; ``hs`` and
-    ``reads`` always T)."""
-
-    cell: Tensor  # [S, B, C] the LSTM's cells
-    mem: Tensor  # [S, B, N, W]
-    usage: Tensor  # [S, B, N]
-    prec: Tensor  # [S, B, N]
-    wr: Tensor  # [S, B, R, N]
-    ww: Tensor  # [S, B, N]
-    hs: Tensor  # [T, B, C] the LSTM's outputs
-    reads: Tensor  # [T, B, R, W]
-    z: Tensor  # [K, B, R W + C] the recurrent matmul's input [reads, h] of the step before
-    act: Tensor  # [K, B, 4C] the LSTM's activated gates (i, f, o, g)
-    raw: Tensor  # [K, B, P] the interface layer's outputs
-    fwd: Tensor  # [K, B, R, N] the forward weightings
-    bwd: Tensor  # [K, B, R, N] the backward weightings
-    # The link matrices, [B, N, N] per slot: the largest buffer, a block per slot so that the
-    # blocks are reused from the heap between calls (`library.keep_freed_memory`) where one of
-    # all slots (44 MB at N = 128, T = 41, B = 16) would be mapped and page-faulted every call.
-    link: tuple
-
-    def tensors(self) -> list[Tensor]:
-        return [*self[:-1], *self.link]
-
-
 class _Config(NamedTuple):
     """A model's static sizes (`DNCCall` without a call's steps and batch)."""
 
@@ -94,29 +67,20 @@ def _config(model: nn.Module) -> _Config:
                    model.memory_size, start, tuple(starts), layout)
 
 
-def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> _Buffers:
-    r, w, n, c = cfg.read_heads, cfg.width, cfg.rows, cfg.controller
-    slots, kept = (steps + 1, steps) if keep else (2, 1)
-    shapes = [(slots, batch, c), (slots, batch, n, w), (slots, batch, n), (slots, batch, n),
-              (slots, batch, r, n), (slots, batch, n), (steps, batch, c), (steps, batch, r, w),
-              (kept, batch, r * w + c), (kept, batch, 4 * c), (kept, batch, cfg.fields),
-              (kept, batch, r, n), (kept, batch, r, n)]
-    return _Buffers(*(like.new_empty(shape) for shape in shapes),
-                    tuple(like.new_empty(batch, n, n) for _ in range(slots)))
-
-
 def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence,
-                 w_read, w_write, reads, keep: bool) -> _Buffers:
+                 w_read, w_write, reads, keep: bool):
     """All steps, from the state as `_Sequence.forward` takes it (one write head's link,
-    precedence and write weighting without their head axis)."""
+    precedence and write weighting without their head axis): the buffers of `DNCCall.buffers`,
+    filled."""
     steps, batch = xpre.shape[:2]
-    buf = _buffers(cfg, steps, batch, xpre, keep)
+    call = cfg.call(steps, batch, keep)
+    buf = library.allocate(call, xpre)
     with torch.no_grad():
         for slot, value in zip((buf.cell, buf.mem, buf.usage, buf.link, buf.prec, buf.wr, buf.ww),
                                (c0, memory, usage, link, precedence, w_read, w_write)):
             slot[0].copy_(value)
-    library.call("torch_ntm_dnc_forward", xpre.dtype, cfg.call(steps, batch, keep),
-                 [*library.data(xpre, wrh, wp, bp, h0, reads), *library.data(*buf.tensors())])
+    library.call("torch_ntm_dnc_forward", xpre.dtype, call, library.arguments(
+        call, "forward", dict(xpre=xpre, wrh=wrh, wp=wp, bp=bp, h0=h0, reads0=reads), buf))
     return buf
 
 
@@ -134,7 +98,7 @@ class _Sequence(torch.autograd.Function):
                            w_read, w_write, reads, keep=True)
         ctx.cfg = cfg
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(wrh, wp, *buf.tensors())
+        ctx.save_for_backward(wrh, wp, *library.flat(buf))
         # For a second derivative (`first_order_only`): the same sequence in plain ops.
         ctx.inputs = (xpre, wrh, wp, bp, h0, c0, memory, usage, link, precedence, w_read,
                       w_write, reads)
@@ -149,28 +113,28 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, dhs, dreads, dc, dmem, dusage, dlink, dprec, dwr, dww):
         cfg = ctx.cfg
         wrh, wp, *saved = ctx.saved_tensors
-        fixed = len(_Buffers._fields) - 1
-        buf = _Buffers(*saved[:fixed], tuple(saved[fixed:]))
-        steps, batch = buf.hs.shape[:2]
-        grads = [
-            torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
-            torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
-            carried(dmem, buf.mem[0]), carried(dusage, buf.usage[0]),
-            carried(dlink, buf.link[0]), carried(dprec, buf.prec[0]), carried(dwr, buf.wr[0]),
-            carried(dww, buf.ww[0]), torch.zeros_like(buf.reads[0]),
-            torch.zeros_like(buf.hs[0]), carried(dc, buf.cell[0]),
-        ]
-        dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
-        draw = wp.new_empty(steps, batch, wp.shape[0])
-        library.call("torch_ntm_dnc_backward", wp.dtype, cfg.call(steps, batch, True),
-                     [*library.data(wrh, wp, *buf[:-1]), *library.data(*grads, dgates, draw),
-                      *library.data(*buf.link)])
-        dmem0, dusage0, dlink0, dprec0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
+        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell: [T + 1, B, C]
+        call = cfg.call(steps, batch, True)
+        buf = library.unflat(call, saved)
+        grads = dict(
+            dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
+            dreads=torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
+            dmem=carried(dmem, buf.mem[0]), dusage=carried(dusage, buf.usage[0]),
+            dlink=carried(dlink, buf.link[0]), dprec=carried(dprec, buf.prec[0]),
+            dwr=carried(dwr, buf.wr[0]), dww=carried(dww, buf.ww[0]),
+            dreads0=torch.zeros_like(buf.reads[0]), dh=torch.zeros_like(buf.hs[0]),
+            dc=carried(dc, buf.cell[0]),
+            dgates=wp.new_empty(steps, batch, 4 * cfg.controller),
+            draw=wp.new_empty(steps, batch, wp.shape[0]))
+        library.call("torch_ntm_dnc_backward", wp.dtype, call,
+                     library.arguments(call, "backward", dict(wrh=wrh, wp=wp, **grads), buf))
+        dgates, draw = grads["dgates"], grads["draw"]
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
-        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), dh0, dc0, dmem0, dusage0, dlink0,
-                dprec0, dwr0, dww0, dreads0)
+        g = grads
+        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), g["dh"], g["dc"], g["dmem"],
+                g["dusage"], g["dlink"], g["dprec"], g["dwr"], g["dww"], g["dreads0"])
 
 
 def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, link, precedence,

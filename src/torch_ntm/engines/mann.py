@@ -34,25 +34,6 @@ __all__ = ["MANNCall", "forward"]
 
 
 
-class _Buffers(NamedTuple):
-    """What the forward writes and the backward reads (csrc/mann.cpp's `View`, in its order):
-    per slot of state (T + 1, or 2 for inference), per step (T, or 1 for inference; ``hs`` and
-    ``reads`` always T)."""
-
-    cell: Tensor  # [S, B, C] the LSTM's cells
-    mem: Tensor  # [S, B, M, N] memory, transposed
-    msq: Tensor  # [S, B, N] its rows' squared norms (slot 0 unused)
-    usage: Tensor  # [S, B, N]
-    wr: Tensor  # [S, B, H, N] read weightings
-    lu: Tensor  # [S, B, N] least-used rows
-    hs: Tensor  # [T, B, C] the LSTM's outputs
-    reads: Tensor  # [T, B, H, M]
-    z: Tensor  # [K, B, H M + C] the recurrent matmul's input [reads, h] of the step before
-    act: Tensor  # [K, B, 4C] the LSTM's activated gates (i, f, o, g)
-    raw: Tensor  # [K, B, P] the head layer's outputs
-    cos: Tensor  # [K, B, H, N] cosine similarities
-
-
 class _Config(NamedTuple):
     """A model's static sizes and usage decay (`MANNCall` without a call's steps and batch)."""
 
@@ -83,21 +64,13 @@ def _config(model: nn.Module) -> _Config:
                    offsets.get("beta", -1), model.usage_decay, model.head_layout)
 
 
-def _buffers(cfg: _Config, steps: int, batch: int, like: Tensor, keep: bool) -> _Buffers:
-    h, m, n, c = cfg.heads, cfg.width, cfg.rows, cfg.controller
-    slots, kept = (steps + 1, steps) if keep else (2, 1)
-    shapes = [(slots, batch, c), (slots, batch, m, n), (slots, batch, n), (slots, batch, n),
-              (slots, batch, h, n), (slots, batch, n), (steps, batch, c), (steps, batch, h, m),
-              (kept, batch, h * m + c), (kept, batch, 4 * c), (kept, batch, h * cfg.fields),
-              (kept, batch, h, n)]
-    return _Buffers(*(like.new_empty(shape) for shape in shapes))
-
-
 def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
-                 reads, keep: bool) -> _Buffers:
-    """All steps, from the state as `_Sequence.forward` takes it (memory ``[B, N, M]``)."""
+                 reads, keep: bool):
+    """All steps, from the state as `_Sequence.forward` takes it (memory ``[B, N, M]``): the
+    buffers of `MANNCall.buffers`, filled."""
     steps, batch = xpre.shape[:2]
-    buf = _buffers(cfg, steps, batch, xpre, keep)
+    call = cfg.call(steps, batch, keep)
+    buf = library.allocate(call, xpre)
     # where every step's memory is kept, the steps compute in two slots of work (mann.cpp)
     work = xpre.new_empty(2, *buf.mem.shape[1:]) if keep else buf.mem
     with torch.no_grad():
@@ -108,8 +81,9 @@ def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read,
         buf.usage[0].copy_(usage)
         buf.wr[0].copy_(w_read)
         buf.lu[0].copy_(least_used)
-    library.call("torch_ntm_mann_forward", xpre.dtype, cfg.call(steps, batch, keep),
-                 [*library.data(xpre, wrh, wp, bp, h0, reads, work), *library.data(*buf)])
+    library.call("torch_ntm_mann_forward", xpre.dtype, call, library.arguments(
+        call, "forward", dict(xpre=xpre, wrh=wrh, wp=wp, bp=bp, h0=h0, reads0=reads, work=work),
+        buf))
     return buf
 
 
@@ -127,7 +101,7 @@ class _Sequence(torch.autograd.Function):
                            reads, keep=True)
         ctx.cfg = cfg
         ctx.set_materialize_grads(False)
-        ctx.save_for_backward(wrh, wp, *buf)
+        ctx.save_for_backward(wrh, wp, *library.flat(buf))
         # For a second derivative (`first_order_only`): the same sequence in plain ops.
         ctx.inputs = (xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used, reads)
         ctx.leading, ctx.recompute = 1, functools.partial(_eager_sequence, cfg)
@@ -142,27 +116,27 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, dhs, dreads, dc, dmem, dusage, dwr, _dlu):
         cfg = ctx.cfg
         wrh, wp, *saved = ctx.saved_tensors
-        buf = _Buffers(*saved)
-        steps, batch = buf.hs.shape[:2]
-
-        grads = [
-            torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
-            torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
-            carried(None if dmem is None else dmem.transpose(1, 2), buf.mem[0]),
-            carried(dusage, buf.usage[0]), carried(dwr, buf.wr[0]),
-            torch.zeros_like(buf.reads[0]), torch.zeros_like(buf.hs[0]),
-            carried(dc, buf.cell[0]), torch.empty_like(buf.lu[0]),
-        ]
-        dgates = wp.new_empty(steps, batch, 4 * cfg.controller)
-        draw = wp.new_empty(steps, batch, wp.shape[0])
-        library.call("torch_ntm_mann_backward", wp.dtype, cfg.call(steps, batch, True),
-                     [*library.data(wrh, wp, *buf), *library.data(*grads, dgates, draw)])
-        dmem0, dusage0, dwr0, dreads0, dh0, dc0, dlu0 = grads[2:]
+        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell: [T + 1, B, C]
+        call = cfg.call(steps, batch, True)
+        buf = library.unflat(call, saved)
+        grads = dict(
+            dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
+            dreads=torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
+            dmem=carried(None if dmem is None else dmem.transpose(1, 2), buf.mem[0]),
+            dusage=carried(dusage, buf.usage[0]), dwr=carried(dwr, buf.wr[0]),
+            dreads0=torch.zeros_like(buf.reads[0]), dh=torch.zeros_like(buf.hs[0]),
+            dc=carried(dc, buf.cell[0]), dlu=torch.empty_like(buf.lu[0]),
+            dgates=wp.new_empty(steps, batch, 4 * cfg.controller),
+            draw=wp.new_empty(steps, batch, wp.shape[0]))
+        library.call("torch_ntm_mann_backward", wp.dtype, call,
+                     library.arguments(call, "backward", dict(wrh=wrh, wp=wp, **grads), buf))
+        dgates, draw = grads["dgates"], grads["draw"]
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
-        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), dh0, dc0, dmem0.transpose(1, 2),
-                dusage0, dwr0, dlu0, dreads0)
+        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
+                grads["dmem"].transpose(1, 2), grads["dusage"], grads["dwr"], grads["dlu"],
+                grads["dreads0"])
 
 
 def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_read, least_used,
