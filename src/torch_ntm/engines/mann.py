@@ -8,7 +8,7 @@ a step (the LRUA write, cosine similarities, softmax, reads, usage, the least-us
 it backward) is vectorised loops over each batch element's memory. What is one matmul over all
 steps stays in torch, under autograd: the LSTM's input side (`MANN._forward_compiled`'s trick),
 the output layer, and, after the backward call, the weight gradients of the recurrent and head
-layers. torch allocates every buffer; one `torch.autograd.Function` wraps the two calls.
+layers (the driver the DNC's engine shares, `torch_ntm.engines.lstm_memory`).
 
 The same function as the eager loop, to float rounding: the least-used rows and the zeroed row are
 chosen by the same rules (a stable sort's first H rows, the first minimum), so where usages tie
@@ -17,7 +17,6 @@ chosen by the same rules (a stable sort's first H rows, the first minimum), so w
 
 from __future__ import annotations
 
-import functools
 from typing import NamedTuple
 
 import torch
@@ -25,13 +24,12 @@ from torch import Tensor, nn
 
 from torch_ntm.engines import library
 from torch_ntm.engines.calls import MANNCall
-from torch_ntm.engines.common import carried, first_order_only, lstm_input_side
+from torch_ntm.engines.common import lstm_input_side
+from torch_ntm.engines.lstm_memory import Spec, sequence
 from torch_ntm.layout import LRUALayout
 from torch_ntm.states import MANNState
 
 __all__ = ["MANNCall", "forward"]
-
-
 
 
 class _Config(NamedTuple):
@@ -52,6 +50,9 @@ class _Config(NamedTuple):
         return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
                         self.fields, self.alpha, self.add, self.beta, int(keep), self.decay)
 
+    def eager(self, *inputs: Tensor) -> list:
+        return _eager_sequence(self, *inputs)
+
 
 def _config(model: nn.Module) -> _Config:
     fields = model.head_layout.fields
@@ -64,88 +65,27 @@ def _config(model: nn.Module) -> _Config:
                    offsets.get("beta", -1), model.usage_decay, model.head_layout)
 
 
-def _run_forward(cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
-                 reads, keep: bool):
-    """All steps, from the state as `_Sequence.forward` takes it (memory ``[B, N, M]``): the
-    buffers of `MANNCall.buffers`, filled."""
-    steps, batch = xpre.shape[:2]
-    call = cfg.call(steps, batch, keep)
-    buf = library.allocate(call, xpre)
-    # where every step's memory is kept, the steps compute in two slots of work (mann.cpp)
-    work = xpre.new_empty(2, *buf.mem.shape[1:]) if keep else buf.mem
-    with torch.no_grad():
-        buf.cell[0].copy_(c0)
-        work[0].copy_(memory.transpose(1, 2))
-        if keep:
-            buf.mem[0].copy_(work[0])
-        buf.usage[0].copy_(usage)
-        buf.wr[0].copy_(w_read)
-        buf.lu[0].copy_(least_used)
-    library.call("torch_ntm_mann_forward", xpre.dtype, call, library.arguments(
-        call, "forward", dict(xpre=xpre, wrh=wrh, wp=wp, bp=bp, h0=h0, reads0=reads, work=work),
-        buf))
-    return buf
+def _work(buf, keep: bool) -> dict:
+    """Where every step's memory is kept, the steps compute in two slots of work (mann.cpp)."""
+    if not keep:
+        return {"work": buf.mem}
+    work = buf.mem.new_empty(2, *buf.mem.shape[1:])
+    work[0].copy_(buf.mem[0])
+    return {"work": work}
 
 
-class _Sequence(torch.autograd.Function):
-    """The MANN's steps after the LSTM's input side, before the output layer: from ``xpre``
-    ``[T, B, 4C]`` (gates i, f, o, g, biases included), the recurrent weights ``wrh``
-    ``[4C, H M + C]`` of ``[reads, h]``, the head layer (``wp``, ``bp``) and the initial state, to
-    ``(hs [T, B, C], reads [T, B, H, M], c, memory, usage, w_read, least_used)`` after the last
-    step. The least-used rows are a step function of the usage: no gradient flows from them."""
-
-    @staticmethod
-    def forward(ctx, cfg: _Config, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
-                reads):
-        buf = _run_forward(cfg, xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used,
-                           reads, keep=True)
-        ctx.cfg = cfg
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(wrh, wp, *library.flat(buf))
-        # For a second derivative (`first_order_only`): the same sequence in plain ops.
-        ctx.inputs = (xpre, wrh, wp, bp, h0, c0, memory, usage, w_read, least_used, reads)
-        ctx.leading, ctx.recompute = 1, functools.partial(_eager_sequence, cfg)
-        lu = buf.lu[-1].clone()
-        ctx.mark_non_differentiable(lu)
-        # hs and reads are returned as they are (saved, not views); the rest are copies
-        return (buf.hs, buf.reads, buf.cell[-1].clone(), buf.mem[-1].transpose(1, 2).contiguous(),
-                buf.usage[-1].clone(), buf.wr[-1].clone(), lu)
-
-    @staticmethod
-    @first_order_only
-    def backward(ctx, dhs, dreads, dc, dmem, dusage, dwr, _dlu):
-        cfg = ctx.cfg
-        wrh, wp, *saved = ctx.saved_tensors
-        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell: [T + 1, B, C]
-        call = cfg.call(steps, batch, True)
-        buf = library.unflat(call, saved)
-        grads = dict(
-            dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
-            dreads=torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
-            dmem=carried(None if dmem is None else dmem.transpose(1, 2), buf.mem[0]),
-            dusage=carried(dusage, buf.usage[0]), dwr=carried(dwr, buf.wr[0]),
-            dreads0=torch.zeros_like(buf.reads[0]), dh=torch.zeros_like(buf.hs[0]),
-            dc=carried(dc, buf.cell[0]), dlu=torch.empty_like(buf.lu[0]),
-            dgates=wp.new_empty(steps, batch, 4 * cfg.controller),
-            draw=wp.new_empty(steps, batch, wp.shape[0]))
-        library.call("torch_ntm_mann_backward", wp.dtype, call,
-                     library.arguments(call, "backward", dict(wrh=wrh, wp=wp, **grads), buf))
-        dgates, draw = grads["dgates"], grads["draw"]
-        # Weight gradients: one matmul over all T B rows each.
-        dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
-        dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
-        return (None, dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
-                grads["dmem"].transpose(1, 2), grads["dusage"], grads["dwr"], grads["dlu"],
-                grads["dreads0"])
+# The least-used rows are a step function of the usage: no gradient flows from them.
+_SPEC = Spec("mann", ("mem", "usage", "wr", "lu"), frozenset({"lu"}), _work)
 
 
 def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_read, least_used,
                     reads) -> list:
-    """`_Sequence`'s function in plain ops on its own inputs: the LSTM from the permuted weights
-    (gates i, f, o, g), then the heads' step of the model's specification
-    (`LRUALayout.heads_step`). What a second derivative differentiates
-    (`torch_ntm.engines.first_order_only`)."""
+    """The native sequence's function (`torch_ntm.engines.lstm_memory`) in plain ops on its own
+    inputs (memory transposed, ``[B, M, N]``): the LSTM from the permuted weights (gates i, f, o,
+    g), then the heads' step of the model's specification (`LRUALayout.heads_step`). What a
+    second derivative differentiates (`torch_ntm.engines.first_order_only`)."""
     c = cfg.controller
+    memory = memory.transpose(1, 2)
     hs, all_reads = [], []
     for t in range(xpre.shape[0]):
         gates = xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t()
@@ -156,7 +96,8 @@ def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_r
             torch.addmm(bp, h, wp.t()), memory, usage, w_read, least_used)
         hs.append(h)
         all_reads.append(reads)
-    return [torch.stack(hs), torch.stack(all_reads), cell, memory, usage, w_read, least_used]
+    return [torch.stack(hs), torch.stack(all_reads), cell, memory.transpose(1, 2), usage, w_read,
+            least_used]
 
 
 def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
@@ -175,20 +116,15 @@ def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANN
     library.keep_freed_memory_once()
     cfg = _config(model)
     xpre, wrh = lstm_input_side(model, model.encode(x))
-    inputs = (xpre, wrh, model.head_params.weight.contiguous(),
-              model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
-              state.controller[1][0].contiguous(), state.memory.contiguous(),
-              state.usage.contiguous(), state.read_weights.contiguous(),
-              state.least_used.contiguous(), state.reads.contiguous())
-    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        hs, reads, c, memory, usage, w_read, least_used = _Sequence.apply(cfg, *inputs)
-    else:
-        buf = _run_forward(cfg, *inputs, keep=False)
-        last = x.shape[0] % 2  # two slots of state: the final one in slot T % 2
-        hs, reads, c = buf.hs, buf.reads, buf.cell[last]
-        memory, usage = buf.mem[last].transpose(1, 2).contiguous(), buf.usage[last]
-        w_read, least_used = buf.wr[last], buf.lu[last]
+    hs, reads, c, (memory, usage, w_read, least_used) = sequence(
+        _SPEC, cfg, xpre, wrh, model.head_params.weight.contiguous(),
+        model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
+        state.controller[1][0].contiguous(),
+        (state.memory.transpose(1, 2).contiguous(), state.usage.contiguous(),
+         state.read_weights.contiguous(), state.least_used.contiguous()),
+        state.reads.contiguous())
     logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
-    final = type(state)((hs[-1].unsqueeze(0), c.unsqueeze(0)), memory, usage, w_read, least_used,
-                        reads[-1])  # a MANNState (the engines import no model)
+    # a MANNState (the engines import no model)
+    final = type(state)((hs[-1].unsqueeze(0), c.unsqueeze(0)),
+                        memory.transpose(1, 2).contiguous(), usage, w_read, least_used, reads[-1])
     return logits, final

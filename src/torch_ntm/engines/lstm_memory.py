@@ -1,0 +1,120 @@
+"""The native driver of the models whose controller is one LSTM layer reading ``[x_t,
+reads_{t-1}]`` and whose memory step is one C++ kernel pair: the MANN's (``csrc/mann.cpp``) and the
+DNC's (``csrc/dnc.cpp``).
+
+What is one matmul over all steps stays in torch, under autograd: the LSTM's input side
+(`torch_ntm.engines.common.lstm_input_side`), the output layer, and, after the backward call, the
+weight gradients of the recurrent and head layers. The steps between are one C++ call each way,
+whose buffers the model's `Description` lists (`torch_ntm.engines.calls.Buffer`): allocated and
+passed by `torch_ntm.engines.library`, read by the C++ it generates. A model's engine module
+gives its `Spec` (which buffers carry its state) and its ``_Config`` (the call's static sizes
+and the eager sequence a second derivative differentiates).
+"""
+
+from __future__ import annotations
+
+from typing import Callable, NamedTuple
+
+import torch
+from torch import Tensor
+
+from torch_ntm.engines import library
+from torch_ntm.engines.common import carried, first_order_only
+
+__all__ = ["Spec", "sequence"]
+
+
+class Spec(NamedTuple):
+    """What differs between the models the driver runs."""
+
+    entry: str  # the kernels: torch_ntm_{entry}_forward and torch_ntm_{entry}_backward
+    # The buffers of the state the steps carry, in the order the sequence takes and returns
+    # them (between the LSTM's cell and the reads); each one's gradient is "d" + its name.
+    state: tuple[str, ...]
+    # Those of them with no gradient (a step function of the others): not differentiable as
+    # outputs; the kernel writes their initial value's gradient into a fresh buffer.
+    fixed: frozenset = frozenset()
+    # (buffers, keep) -> the forward's addresses beyond the inputs, once the initial state is in
+    # slot 0 of the buffers; None: none.
+    extras: Callable | None = None
+
+
+def _run_forward(spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep: bool):
+    """All steps from the initial state (in the buffers' layout): the buffers, filled."""
+    steps, batch = xpre.shape[:2]
+    call = cfg.call(steps, batch, keep)
+    buf = library.allocate(call, xpre)
+    with torch.no_grad():
+        buf.cell[0].copy_(c0)
+        for name, value in zip(spec.state, state):
+            getattr(buf, name)[0].copy_(value)
+        extra = spec.extras(buf, keep) if spec.extras else {}
+    library.call(f"torch_ntm_{spec.entry}_forward", xpre.dtype, call, library.arguments(
+        call, "forward", dict(xpre=xpre, wrh=wrh, wp=wp, bp=bp, h0=h0, reads0=reads, **extra),
+        buf))
+    return buf
+
+
+class _Sequence(torch.autograd.Function):
+    """The steps after the LSTM's input side, before the output layer: from ``xpre [T, B, 4C]``
+    (gates i, f, o, g, biases included), the recurrent weights ``wrh [4C, R W + C]`` of ``[reads,
+    h]``, the head layer (``wp``, ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`)
+    and the reads ``[B, R, W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the
+    last step."""
+
+    @staticmethod
+    def forward(ctx, spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, *rest):
+        state, reads = rest[:-1], rest[-1]
+        buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=True)
+        ctx.spec, ctx.cfg = spec, cfg
+        ctx.set_materialize_grads(False)
+        ctx.save_for_backward(wrh, wp, *library.flat(buf))
+        # For a second derivative (`first_order_only`): the same sequence in plain ops.
+        ctx.inputs, ctx.leading, ctx.recompute = (xpre, wrh, wp, bp, h0, c0, *rest), 2, cfg.eager
+        final = [getattr(buf, name)[-1].clone() for name in spec.state]
+        ctx.mark_non_differentiable(*(t for name, t in zip(spec.state, final)
+                                      if name in spec.fixed))
+        # hs and reads are returned as they are (saved, not views); the rest are copies
+        return (buf.hs, buf.reads, buf.cell[-1].clone(), *final)
+
+    @staticmethod
+    @first_order_only
+    def backward(ctx, dhs, dreads, dc, *dstate):
+        spec, cfg = ctx.spec, ctx.cfg
+        wrh, wp, *saved = ctx.saved_tensors
+        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell: [T + 1, B, C]
+        call = cfg.call(steps, batch, True)
+        buf = library.unflat(call, saved)
+        grads = dict(
+            dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
+            dreads=torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
+            dreads0=torch.zeros_like(buf.reads[0]), dh=torch.zeros_like(buf.hs[0]),
+            dc=carried(dc, buf.cell[0]), dgates=wp.new_empty(steps, batch, 4 * cfg.controller),
+            draw=wp.new_empty(steps, batch, wp.shape[0]))
+        for name, grad in zip(spec.state, dstate):
+            first = getattr(buf, name)[0]
+            grads["d" + name] = (torch.empty_like(first) if name in spec.fixed
+                                 else carried(grad, first))
+        library.call(f"torch_ntm_{spec.entry}_backward", wp.dtype, call,
+                     library.arguments(call, "backward", dict(wrh=wrh, wp=wp, **grads), buf))
+        dgates, draw = grads["dgates"], grads["draw"]
+        # Weight gradients: one matmul over all T B rows each.
+        dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
+        dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
+        return (None, None, dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
+                *(grads["d" + name] for name in spec.state), grads["dreads0"])
+
+
+def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor, h0: Tensor,
+             c0: Tensor, state: tuple, reads: Tensor) -> tuple:
+    """The steps (`_Sequence`'s function; every input contiguous, the state in the buffers'
+    layout): ``(hs, reads, c, final state)``, differentiable where gradients are enabled and an
+    input requires them; else a forward that keeps two slots of state instead of every step's."""
+    inputs = (xpre, wrh, wp, bp, h0, c0, *state, reads)
+    if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
+        hs, all_reads, c, *final = _Sequence.apply(spec, cfg, *inputs)
+        return hs, all_reads, c, final
+    buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=False)
+    last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
+    return (buf.hs, buf.reads, buf.cell[last],
+            [getattr(buf, name)[last] for name in spec.state])
