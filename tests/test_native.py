@@ -240,7 +240,7 @@ def test_the_generated_header_declares_each_description_as_its_ctypes_structure(
 
 def test_the_header_shares_the_constants_and_reads_the_buffers_by_the_table():
     from torch_ntm import functional
-    from torch_ntm.engines.calls import DNCCall, MANNCall
+    from torch_ntm.engines.calls import MANNCall
 
     text = library.header()
     assert f"constexpr double kEps = {functional.EPS!r};" in text

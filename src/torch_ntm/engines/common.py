@@ -14,8 +14,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["carried", "eager_only", "first_order_only", "lstm_gate_order", "lstm_input_side",
-           "say_eager", "say_once"]
+__all__ = ["carried", "eager_only", "first_order_only", "lstm_gate_order", "lstm_ifog",
+           "lstm_input_side", "say_eager", "say_once"]
 
 _log = logging.getLogger("torch_ntm.engines")
 _SAID: set = set()
@@ -99,6 +99,16 @@ def lstm_gate_order(hidden: int) -> Tensor:
     tensor per size, shared (not to be written)."""
     c = hidden
     return torch.cat([torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)])
+
+
+def lstm_ifog(gates: Tensor, cell: Tensor) -> tuple[Tensor, Tensor]:
+    """An LSTM step in plain ops from its gates ``[B, 4C]`` in the kernels' order (i, f, o, g:
+    `lstm_gate_order`), every input and bias summed in: ``(h, cell)``. What the engines' second
+    derivatives differentiate (`first_order_only`)."""
+    c = cell.shape[-1]
+    i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
+    cell = f * cell + i * torch.tanh(gates[:, 3 * c :])
+    return o * torch.tanh(cell), cell
 
 
 def lstm_input_side(model: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:

@@ -28,7 +28,7 @@ from torch import Tensor, nn
 from torch_ntm.engines import library
 from torch_ntm.engines.calls import DNCCall
 from torch_ntm.engines.common import lstm_input_side
-from torch_ntm.engines.lstm_memory import Spec, sequence
+from torch_ntm.engines.lstm_memory import Spec, eager, sequence
 from torch_ntm.layout import DNC_FIELDS, DNCLayout
 from torch_ntm.states import DNCState
 
@@ -48,14 +48,23 @@ class _Config(NamedTuple):
     rows: int
     fields: int
     starts: tuple  # where each of `_FIELDS` starts
-    layout: DNCLayout  # the model's interface, for `_eager_sequence`
+    layout: DNCLayout  # the model's interface, for `step`
 
     def call(self, steps: int, batch: int, keep: bool) -> DNCCall:
         return DNCCall(steps, batch, self.controller, self.read_heads, self.width, self.rows,
                        self.fields, *self.starts, int(keep))
 
     def eager(self, *inputs: Tensor) -> list:
-        return _eager_sequence(self, *inputs)
+        """The sequence in plain ops (`lstm_memory.eager`)."""
+        return eager(self.step, *inputs)
+
+    def step(self, raw: Tensor, memory, usage, link, precedence, w_read, w_write) -> tuple:
+        """The memory access of the specification (`DNCLayout.access_step`) for one write head
+        whose link, precedence and write weighting come without their head axis."""
+        memory, usage, link, precedence, w_read, w_write, reads = self.layout.access_step(
+            raw, memory, usage, link.unsqueeze(1), precedence.unsqueeze(1), w_read,
+            w_write.unsqueeze(1))[:7]
+        return memory, usage, link[:, 0], precedence[:, 0], w_read, w_write[:, 0], reads
 
 
 def _config(model: nn.Module) -> _Config:
@@ -70,30 +79,6 @@ def _config(model: nn.Module) -> _Config:
 
 # One write head's link, precedence and write weighting, without their head axis.
 _SPEC = Spec("dnc", ("mem", "usage", "link", "prec", "wr", "ww"))
-
-
-def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, link, precedence,
-                    w_read, w_write, reads) -> list:
-    """The native sequence's function (`torch_ntm.engines.lstm_memory`) in plain ops on its own
-    inputs: the LSTM from the permuted weights
-    (gates i, f, o, g), then the memory access of the model's specification
-    (`DNCLayout.access_step`). What a second derivative differentiates
-    (`torch_ntm.engines.first_order_only`)."""
-    c = cfg.controller
-    hs, all_reads = [], []
-    link, precedence, w_write = link.unsqueeze(1), precedence.unsqueeze(1), w_write.unsqueeze(1)
-    for t in range(xpre.shape[0]):
-        gates = xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t()
-        i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
-        cell = f * cell + i * torch.tanh(gates[:, 3 * c :])
-        h = o * torch.tanh(cell)
-        step = cfg.layout.access_step(torch.addmm(bp, h, wp.t()), memory, usage, link,
-                                      precedence, w_read, w_write)
-        memory, usage, link, precedence, w_read, w_write, reads = step[:7]
-        hs.append(h)
-        all_reads.append(reads)
-    return [torch.stack(hs), torch.stack(all_reads), cell, memory, usage, link[:, 0],
-            precedence[:, 0], w_read, w_write[:, 0]]
 
 
 def forward(model: nn.Module, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:

@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from torch_ntm.engines import library
-from torch_ntm.engines.common import carried, first_order_only
+from torch_ntm.engines.common import carried, first_order_only, lstm_ifog
 
-__all__ = ["Spec", "sequence"]
+__all__ = ["Spec", "eager", "sequence"]
 
 
 class Spec(NamedTuple):
@@ -118,3 +118,18 @@ def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
     return (buf.hs, buf.reads, buf.cell[last],
             [getattr(buf, name)[last] for name in spec.state])
+
+
+def eager(step: Callable, xpre, wrh, wp, bp, h, cell, *rest) -> list:
+    """`sequence`'s function in plain ops on its inputs (``rest``: the state, then the reads):
+    the LSTM from the permuted weights, then ``step(head layer's output, *state) -> (*state,
+    reads)``, the model's memory step in the specification's ops. What a second derivative
+    differentiates (`torch_ntm.engines.first_order_only`)."""
+    state, reads = list(rest[:-1]), rest[-1]
+    hs, all_reads = [], []
+    for t in range(xpre.shape[0]):
+        h, cell = lstm_ifog(xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t(), cell)
+        *state, reads = step(torch.addmm(bp, h, wp.t()), *state)
+        hs.append(h)
+        all_reads.append(reads)
+    return [torch.stack(hs), torch.stack(all_reads), cell, *state]

@@ -25,7 +25,7 @@ from torch import Tensor, nn
 from torch_ntm.engines import library
 from torch_ntm.engines.calls import MANNCall
 from torch_ntm.engines.common import lstm_input_side
-from torch_ntm.engines.lstm_memory import Spec, sequence
+from torch_ntm.engines.lstm_memory import Spec, eager, sequence
 from torch_ntm.layout import LRUALayout
 from torch_ntm.states import MANNState
 
@@ -44,14 +44,21 @@ class _Config(NamedTuple):
     add: int
     beta: int
     decay: float
-    layout: LRUALayout  # the model's heads, for `_eager_sequence`
+    layout: LRUALayout  # the model's heads, for `step`
 
     def call(self, steps: int, batch: int, keep: bool) -> MANNCall:
         return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
                         self.fields, self.alpha, self.add, self.beta, int(keep), self.decay)
 
     def eager(self, *inputs: Tensor) -> list:
-        return _eager_sequence(self, *inputs)
+        """The sequence in plain ops (`lstm_memory.eager`), memory in the kernels' layout."""
+        return eager(self.step, *inputs)
+
+    def step(self, raw: Tensor, memory: Tensor, *rest: Tensor) -> tuple:
+        """The heads' step of the specification (`LRUALayout.heads_step`) on memory ``[B, M,
+        N]`` (transposed, as the kernels keep it)."""
+        memory, *rest = self.layout.heads_step(raw, memory.transpose(1, 2), *rest)
+        return (memory.transpose(1, 2), *rest)
 
 
 def _config(model: nn.Module) -> _Config:
@@ -76,28 +83,6 @@ def _work(buf, keep: bool) -> dict:
 
 # The least-used rows are a step function of the usage: no gradient flows from them.
 _SPEC = Spec("mann", ("mem", "usage", "wr", "lu"), frozenset({"lu"}), _work)
-
-
-def _eager_sequence(cfg: _Config, xpre, wrh, wp, bp, h, cell, memory, usage, w_read, least_used,
-                    reads) -> list:
-    """The native sequence's function (`torch_ntm.engines.lstm_memory`) in plain ops on its own
-    inputs (memory transposed, ``[B, M, N]``): the LSTM from the permuted weights (gates i, f, o,
-    g), then the heads' step of the model's specification (`LRUALayout.heads_step`). What a
-    second derivative differentiates (`torch_ntm.engines.first_order_only`)."""
-    c = cfg.controller
-    memory = memory.transpose(1, 2)
-    hs, all_reads = [], []
-    for t in range(xpre.shape[0]):
-        gates = xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t()
-        i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
-        cell = f * cell + i * torch.tanh(gates[:, 3 * c :])
-        h = o * torch.tanh(cell)
-        memory, usage, w_read, least_used, reads = cfg.layout.heads_step(
-            torch.addmm(bp, h, wp.t()), memory, usage, w_read, least_used)
-        hs.append(h)
-        all_reads.append(reads)
-    return [torch.stack(hs), torch.stack(all_reads), cell, memory.transpose(1, 2), usage, w_read,
-            least_used]
 
 
 def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:

@@ -31,7 +31,7 @@ from torch import Tensor, nn
 
 from torch_ntm.engines.calls import NTM_BLOCKS as _BLOCKS
 from torch_ntm.engines.calls import NTMCall
-from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order
+from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order, lstm_ifog
 from torch_ntm.engines.library import call, data, keep_freed_memory_once
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout
 from torch_ntm.states import NTMState
@@ -354,7 +354,7 @@ def _eager_sequence(cfg: _Config, xpre, wp, bp, memory, w_read, w_write, reads, 
     controller from the permuted weights, then the heads' step of the model's specification
     (`HeadLayout.heads_step`) on the head layer's output put back in the model's order. What a
     second derivative differentiates (`torch_ntm.engines.first_order_only`)."""
-    n, c = cfg.layers, cfg.hidden
+    n = cfg.layers
     weights, biases = rest[:n], rest[n : 2 * n - 1]
     h, cells = list(rest[2 * n - 1 : 3 * n - 1]), list(rest[3 * n - 1 :])
     inverse = torch.argsort(cfg.blocks.perm).to(xpre.device)
@@ -366,9 +366,8 @@ def _eager_sequence(cfg: _Config, xpre, wp, bp, memory, w_read, w_write, reads, 
             pre = xpre[t] if layer == 0 else biases[layer - 1]
             if cfg.lstm:  # gates (i, f, o, g)
                 gates = pre + torch.cat([x, h[layer]], 1) @ weights[layer].t()
-                i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
-                cells[layer] = f * cells[layer] + i * torch.tanh(gates[:, 3 * c :])
-                h[layer] = x = o * torch.tanh(cells[layer])
+                h[layer], cells[layer] = lstm_ifog(gates, cells[layer])
+                x = h[layer]
             else:
                 x = torch.tanh(pre + x @ weights[layer].t())
         raw = torch.addmm(bp, x, wp.t())[:, inverse]
