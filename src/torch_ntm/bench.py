@@ -24,6 +24,7 @@ from contextlib import nullcontext
 
 import torch
 
+from torch_ntm.engines import DEVICES
 from torch_ntm.evaluate import task_objective
 from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.model import ENGINES
@@ -73,7 +74,7 @@ def check_engines(engines, device: torch.device) -> None:
     for engine in engines:
         if engine not in ENGINES:
             raise ValueError(f"unknown engine {engine!r}; valid choices: {', '.join(ENGINES)}")
-        there = {"graphs": "cuda", "native": "cpu"}.get(engine, device.type)
+        there = DEVICES.get(engine, device.type)
         if there != device.type:
             raise ValueError(f"engine {engine!r} runs on {there.upper()}, not on "
                              f"{device.type.upper()}: drop it, or measure with --device {there}")

@@ -31,6 +31,7 @@ from torch import Tensor
 
 from torch_ntm.engines.calls import NATIVE
 from torch_ntm.engines.common import (  # what the engines share, here for their users too
+    DEVICES,
     carried,
     eager_only,
     first_order_only,
@@ -40,9 +41,9 @@ from torch_ntm.engines.common import (  # what the engines share, here for their
     say_once,
 )
 
-__all__ = ["ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose", "eager_only",
-           "first_order_only", "lstm_gate_order", "lstm_input_side", "native", "native_call",
-           "prepare", "say_eager", "say_once"]
+__all__ = ["DEVICES", "ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose",
+           "eager_only", "first_order_only", "lstm_gate_order", "lstm_input_side", "native",
+           "native_call", "prepare", "say_eager", "say_once"]
 
 ENGINES = ("auto", "native", "graphs", "eager")
 # Names of engines this library no longer has, as configs and checkpoints of earlier versions
@@ -81,8 +82,8 @@ def _why_not_native(model: torch.nn.Module, x: Tensor, kernels) -> str | None:
         return "a torch.func transform or forward-mode AD is active"
     if torch.is_autocast_enabled(x.device.type):
         return "torch.autocast is enabled (the native engine computes in one dtype)"
-    if x.device.type != "cpu":
-        return f"the native engine runs on the CPU, not {x.device.type}"
+    if x.device.type != DEVICES["native"]:
+        return f"the native engine runs on the {DEVICES['native'].upper()}, not {x.device.type}"
     if x.dtype not in library.DTYPES:
         return f"the native engine computes in float32 or float64, not {x.dtype}"
     if not library.available(kernels.name, x.dtype):

@@ -14,10 +14,12 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-__all__ = ["carried", "eager_only", "first_order_only", "lstm_gate_order", "lstm_ifog",
+__all__ = ["DEVICES", "carried", "eager_only", "first_order_only", "lstm_gate_order", "lstm_ifog",
            "lstm_input_side", "say_eager", "say_once"]
 
 _log = logging.getLogger("torch_ntm.engines")
+# The device type of each engine that runs on one only; the others run on every device.
+DEVICES = {"native": "cpu", "graphs": "cuda"}
 _SAID: set = set()
 
 

@@ -96,7 +96,7 @@ def why_not(model: torch.nn.Module, x: Tensor) -> str | None:
     failed = _FAILED.get(model, {}).get(_shape(x)) if x.dim() == 3 and x.shape[0] else None
     if failed is not None:
         return _failed_reason(bucket(x.shape[0]), x, failed)
-    if x.device.type != "cuda":
+    if x.device.type != common.DEVICES["graphs"]:
         return f"the graphs engine runs on a CUDA GPU, not {x.device.type}"
     if common.eager_only():
         return "a torch.func transform or forward-mode AD is active"
