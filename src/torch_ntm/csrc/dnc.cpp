@@ -624,16 +624,5 @@ void run_backward(const DNCCall* d, const uintptr_t* p) {
 }  // namespace
 }  // namespace torch_ntm
 
-extern "C" {
-
-// dtype: 0 float32, 1 float64 (this build's, entry.h). Each returns 0, or 1 with the message in
-// torch_ntm_last_error.
-int torch_ntm_dnc_forward(int dtype, const torch_ntm::DNCCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype, [&] { torch_ntm::dnc::run_forward<torch_ntm::Real>(d, p); });
-}
-
-int torch_ntm_dnc_backward(int dtype, const torch_ntm::DNCCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype, [&] { torch_ntm::dnc::run_backward<torch_ntm::Real>(d, p); });
-}
-
-}  // extern "C"
+TORCH_NTM_ENTRY(torch_ntm_dnc_forward, DNCCall, torch_ntm::dnc::run_forward)
+TORCH_NTM_ENTRY(torch_ntm_dnc_backward, DNCCall, torch_ntm::dnc::run_backward)

@@ -4,6 +4,7 @@
 
 #pragma once
 
+#include <cstdint>
 #include <cstdio>
 #include <exception>
 #include <stdexcept>
@@ -65,3 +66,13 @@ int guarded(int dtype, const Run& run) {
 }
 
 }  // namespace torch_ntm
+
+// The C entry point `name(int dtype, const Call* d, const uintptr_t* p)` of a kernel: runs
+// `run<Real>(d, p)` (`Call`, the kernel's description in calls.h; `p`, the addresses of its
+// tensors), guarded. Every model's kernels declare theirs with it; the dtype codes are this
+// build's (0 float32, 1 float64), and a failed call returns 1 with its message in
+// torch_ntm_last_error.
+#define TORCH_NTM_ENTRY(name, Call, run)                                               \
+  extern "C" int name(int dtype, const torch_ntm::Call* d, const uintptr_t* p) {       \
+    return torch_ntm::guarded(dtype, [&] { run<torch_ntm::Real>(d, p); });             \
+  }

@@ -28,12 +28,4 @@ void run_forward(const NTMCall* d, const uintptr_t* p) {
 }  // namespace
 }  // namespace torch_ntm
 
-extern "C" {
-
-// dtype: 0 float32, 1 float64 (this build's, entry.h). Each returns 0, or 1 with the message in
-// torch_ntm_last_error.
-int torch_ntm_forward(int dtype, const torch_ntm::NTMCall* d, const uintptr_t* p) {
-  return torch_ntm::guarded(dtype, [&] { torch_ntm::run_forward<torch_ntm::Real>(d, p); });
-}
-
-}  // extern "C"
+TORCH_NTM_ENTRY(torch_ntm_forward, NTMCall, torch_ntm::run_forward)
