@@ -282,3 +282,30 @@ def test_shipped_dnc_traversal_answers_as_documented():
     rows = evaluate_sizes(model, task, [3, 10, 30], num_sequences=1000)
     assert [row["queries_right"] for row in rows] == pytest.approx([0.998, 0.993, 0.982],
                                                                    abs=0.01)
+
+
+# The shipped copy model is `ntm train copy --seed 1`'s output, made on this CPU capability with
+# this torch: there, training again must give the same weights to the bit (elsewhere the native
+# kernels' vector width or torch's BLAS round differently, and a seed's run takes another path).
+COPY_COMMAND_SEED, COPY_MADE_ON = 1, ("AVX2", "2.13.0+cpu")
+
+
+def test_the_shipped_copy_model_is_the_default_commands_config():
+    ckpt = load_checkpoint(pretrained.path("copy"))
+    assert ckpt.config == resolve_config("copy", seed=COPY_COMMAND_SEED)
+
+
+@pytest.mark.slow
+def test_the_default_command_reproduces_the_shipped_copy_weights(tmp_path):
+    made_on = (torch.backends.cpu.get_cpu_capability(), torch.__version__)
+    if made_on != COPY_MADE_ON:
+        pytest.skip(f"the shipped copy model was made with {COPY_MADE_ON}, this is {made_on}")
+    out = tmp_path / "copy"
+    assert main(["train", "copy", "--seed", str(COPY_COMMAND_SEED), "--no-plots", "--out",
+                 str(out)]) == 0
+    pretrained.export(out, "copy", dest=tmp_path / "exported")  # as the shipped one was made
+    again = pretrained.load("copy", root=tmp_path / "exported").state_dict()
+    shipped = pretrained.load("copy").state_dict()
+    assert again.keys() == shipped.keys()
+    for name, tensor in shipped.items():
+        assert torch.equal(again[name], tensor), name
