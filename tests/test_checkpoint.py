@@ -222,3 +222,24 @@ def test_checkpoint_files_get_the_usual_permissions(run_dir):
         if path.suffix in (".json", ".safetensors"):
             assert path.stat().st_mode & 0o777 == 0o666 & ~_UMASK, path
     assert _UMASK == os.umask(_UMASK)  # read at import without changing it
+
+
+def test_a_refused_process_waits_a_moment_for_the_holder_to_say_what_it_does(tmp_path):
+    # The holder writes what it does just after taking the lock: a second process that came in
+    # between read an empty lock and said "writing it" (a race two real trainings hit in CI).
+    import fcntl
+    import threading
+
+    from torch_ntm.checkpoint import LOCK, lock_run
+
+    run = tmp_path / "run"
+    run.mkdir()
+    with open(run / LOCK, "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        say = threading.Timer(0.05, lambda: (held.write("training into this run directory"),
+                                             held.flush()))
+        say.start()
+        with pytest.raises(CheckpointError, match="another process is training into this run"):
+            with lock_run(run):
+                pass
+        say.join()

@@ -32,6 +32,7 @@ import json
 import math
 import os
 import re
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
@@ -231,6 +232,18 @@ def _remove_superseded(run_dir: Path, keep: set) -> None:
 _HELD: dict[Path, int] = {}  # run directories this process has locked -> nesting depth
 
 
+def _holder(fd: int) -> str:
+    """What the process holding the lock ``fd`` says it is doing (a sweep, a training, an
+    export). It writes that just after taking the lock, so an empty lock is read again for a
+    moment before it is called "writing it"."""
+    for _ in range(50):
+        said = os.pread(fd, 200, 0).decode("utf-8", "replace").strip()
+        if said:
+            return said
+        time.sleep(0.01)
+    return "writing it"
+
+
 @contextlib.contextmanager
 def lock_run(run_dir: str | os.PathLike, holder: str = "training into this run directory"):
     """Hold ``RUN/.lock`` (an exclusive `fcntl.flock`) while the block runs, creating ``RUN``.
@@ -263,8 +276,7 @@ def lock_run(run_dir: str | os.PathLike, holder: str = "training into this run d
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            # the holder wrote what it is doing into the lock (a sweep, a training, an export)
-            doing = os.read(fd, 200).decode("utf-8", "replace").strip() or "writing it"
+            doing = _holder(fd)
             os.close(fd)
             raise CheckpointError(f"{run_dir}: another process is {doing} (it holds "
                                   f"{run_dir / LOCK}); wait for it to end or choose another "
