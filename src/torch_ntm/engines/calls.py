@@ -40,6 +40,18 @@ class Buffer(NamedTuple):
     blocks: bool = False
 
 
+def _lstm_buffers(reads: str) -> tuple[Buffer, ...]:
+    """The buffers of a one-layer LSTM controller that reads ``[reads, h]`` besides its input
+    (the MANN's and the DNC's kernels), ``reads`` the width of the reads (an expression of the
+    call's fields). The cells come first: `torch_ntm.engines.lstm_memory` reads the steps and the
+    batch off them."""
+    return (Buffer("cell", "slots", ("batch", "controller")),  # the LSTM's cells
+            Buffer("hs", "steps", ("batch", "controller")),  # the LSTM's outputs
+            # the recurrent matmul's input [reads, h] of the step before
+            Buffer("z", "kept", ("batch", f"{reads} + controller")),
+            Buffer("act", "kept", ("batch", "4 * controller")))  # activated gates (i, f, o, g)
+
+
 class Description(ctypes.Structure):
     """The static sizes of a kernel call: subclasses declare ``_fields_`` of ``c_int64``,
     ``c_double`` and fixed arrays of them, and may add C++ declarations the struct's readers need
@@ -107,17 +119,13 @@ class MANNCall(Description):
     name = "mann"
     sources = ("mann.cpp",)
     buffers = (
-        Buffer("cell", "slots", ("batch", "controller")),  # the LSTM's cells
+        *_lstm_buffers("heads * width"),
         Buffer("mem", "slots", ("batch", "width", "rows")),  # memory, transposed
         Buffer("msq", "slots", ("batch", "rows")),  # its rows' squared norms (slot 0 unused)
         Buffer("usage", "slots", ("batch", "rows")),
         Buffer("wr", "slots", ("batch", "heads", "rows")),  # read weightings
         Buffer("lu", "slots", ("batch", "rows")),  # the least-used rows
-        Buffer("hs", "steps", ("batch", "controller")),  # the LSTM's outputs
         Buffer("reads", "steps", ("batch", "heads", "width")),
-        # the recurrent matmul's input [reads, h] of the step before
-        Buffer("z", "kept", ("batch", "heads * width + controller")),
-        Buffer("act", "kept", ("batch", "4 * controller")),  # activated gates (i, f, o, g)
         Buffer("raw", "kept", ("batch", "heads * fields")),  # the head layer's outputs
         Buffer("cos", "kept", ("batch", "heads", "rows")),  # cosine similarities
     )
@@ -145,17 +153,13 @@ class DNCCall(Description):
     name = "dnc"
     sources = ("dnc.cpp",)
     buffers = (
-        Buffer("cell", "slots", ("batch", "controller")),  # the LSTM's cells
+        *_lstm_buffers("read_heads * width"),
         Buffer("mem", "slots", ("batch", "rows", "width")),
         Buffer("usage", "slots", ("batch", "rows")),
         Buffer("prec", "slots", ("batch", "rows")),  # precedence
         Buffer("wr", "slots", ("batch", "read_heads", "rows")),  # read weightings
         Buffer("ww", "slots", ("batch", "rows")),  # the write weighting
-        Buffer("hs", "steps", ("batch", "controller")),  # the LSTM's outputs
         Buffer("reads", "steps", ("batch", "read_heads", "width")),
-        # the recurrent matmul's input [reads, h] of the step before
-        Buffer("z", "kept", ("batch", "read_heads * width + controller")),
-        Buffer("act", "kept", ("batch", "4 * controller")),  # activated gates (i, f, o, g)
         Buffer("raw", "kept", ("batch", "fields")),  # the interface layer's outputs
         Buffer("fwd", "kept", ("batch", "read_heads", "rows")),  # forward weightings
         Buffer("bwd", "kept", ("batch", "read_heads", "rows")),  # backward weightings

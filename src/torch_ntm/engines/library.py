@@ -93,9 +93,8 @@ def header() -> str:
 # Buffer tables (`torch_ntm.engines.calls.Buffer`): allocated here, read by the generated C++.
 # ------------------------------------------------------------------------------------------------
 
-_COUNTS = {"slots": ("keep_all ? steps + 1 : 2", lambda d: d.steps + 1 if d.keep_all else 2),
-           "steps": ("steps", lambda d: d.steps),
-           "kept": ("keep_all ? steps : 1", lambda d: d.steps if d.keep_all else 1)}
+# How many slots or steps a buffer has: with every step's kept (for a backward), and without.
+_COUNTS = {"slots": ("steps + 1", "2"), "steps": ("steps", "steps"), "kept": ("steps", "1")}
 _NAME = re.compile(r"[A-Za-z_]\w*")
 
 
@@ -121,6 +120,16 @@ def _cpp(expression: str) -> str:
     return "(" + _NAME.sub(lambda m: f"d.{m.group()}", expression) + ")"
 
 
+def _count(buffer, call: Description) -> int:
+    """How many slots or steps ``buffer`` has in ``call``."""
+    return _size(_COUNTS[buffer.count][0 if call.keep_all else 1], call)
+
+
+def _count_cpp(buffer) -> str:
+    kept, inference = _COUNTS[buffer.count]
+    return f"(d.keep_all ? {_cpp(kept)} : {_cpp(inference)})"
+
+
 def _buffers_cpp(desc: type[Description]) -> list[str]:
     """The C++ of a buffer table: ``struct {Call}Buffers<F>`` with an accessor per buffer (its
     slot's or step's start) and ``take``, which reads the addresses in the table's order; and
@@ -143,7 +152,7 @@ def _buffers_cpp(desc: type[Description]) -> list[str]:
     for b in desc.buffers:
         size = " * ".join(_cpp(e) for e in b.shape)
         if b.blocks:
-            lines.append(f"    for (int64_t k = 0; k < {_cpp(_COUNTS[b.count][0])}; ++k) "
+            lines.append(f"    for (int64_t k = 0; k < {_count_cpp(b)}; ++k) "
                          f"{b.name}_.push_back(reinterpret_cast<F*>(p[i++]));")
         else:
             lines += [f"    {b.name}_ = reinterpret_cast<F*>(p[i++]);",
@@ -166,7 +175,7 @@ def allocate(call: Description, like: torch.Tensor):
     tensors of ``shape``."""
     out = []
     for b in type(call).buffers:
-        count = _COUNTS[b.count][1](call)
+        count = _count(b, call)
         shape = [_size(e, call) for e in b.shape]
         out.append(tuple(like.new_empty(shape) for _ in range(count)) if b.blocks
                    else like.new_empty(count, *shape))
@@ -182,7 +191,7 @@ def unflat(call: Description, tensors) -> tuple:
     """`flat`'s inverse, for buffers allocated for ``call``."""
     out, rest = [], list(tensors)
     for b in type(call).buffers:
-        n = _COUNTS[b.count][1](call) if b.blocks else 1
+        n = _count(b, call) if b.blocks else 1
         out.append(tuple(rest[:n]) if b.blocks else rest[0])
         rest = rest[n:]
     return _buffers_type(type(call))(*out)

@@ -82,7 +82,7 @@ class _Sequence(torch.autograd.Function):
     def backward(ctx, dhs, dreads, dc, *dstate):
         spec, cfg = ctx.spec, ctx.cfg
         wrh, wp, *saved = ctx.saved_tensors
-        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell: [T + 1, B, C]
+        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell, first (calls._lstm_buffers)
         call = cfg.call(steps, batch, True)
         buf = library.unflat(call, saved)
         grads = dict(
