@@ -245,8 +245,17 @@ def _signature(cls) -> inspect.Signature:
 
 class Cell:
     """Makes a `MemoryModule` a module of one step (``NTMCell``, ``MANNCell``, ``DNCCell``): the
-    same constructor and parameter names as the model over sequences, so
-    ``cell.load_state_dict(model.state_dict())`` steps a trained model one input at a time."""
+    same constructor (but ``batch_first`` and ``engine``) and parameter names as the model over
+    sequences, so ``cell.load_state_dict(model.state_dict())`` steps a trained model one input at
+    a time.
+
+    Example:
+
+        cell = NTMCell(9, 8)                # or MANNCell, DNCCell
+        state = None
+        for x_t in xs:                      # x_t: (B, 9)
+            logits, state = cell(x_t, state)
+    """
 
     def forward(self, x: Tensor, state: tuple | None = None) -> tuple[Tensor, tuple]:
         """Args:

@@ -12,8 +12,8 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["bound", "cell_step", "check_cell_input", "check_input_dtype", "check_state_tensors",
-           "choice", "describe_shapes", "one_dtype", "positive_int", "read_only_options",
-           "sequence_layout", "time_major"]
+           "choice", "describe_shapes", "one_dtype", "positive_fields", "positive_int",
+           "read_only_options", "sequence_layout", "time_major"]
 
 
 def choice(kind: str, value: str, valid) -> str:
@@ -29,6 +29,12 @@ def positive_int(name: str, value, minimum: int = 1) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, torch.SymInt)) or value < minimum:
         raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
     return value
+
+
+def positive_fields(options, *names: str, minimum: int = 1) -> None:
+    """Checks each of the ``names`` fields of ``options`` with `positive_int`."""
+    for name in names:
+        positive_int(name, getattr(options, name), minimum)
 
 
 def bound(name: str, value, above: float) -> float | None:

@@ -36,7 +36,7 @@ from torch import Tensor, nn
 from torch_ntm import dnc_functional as dncf
 from torch_ntm import engines
 from torch_ntm.base import Cell, MemoryModule
-from torch_ntm.checks import choice, positive_int
+from torch_ntm.checks import choice, positive_fields, positive_int
 from torch_ntm.controllers import CONTROLLERS
 from torch_ntm.layout import DNCLayout
 from torch_ntm.sequence import SequenceModel
@@ -82,24 +82,18 @@ class DNCOptions:
     sparse_link: int | None = None
 
     def checked(self) -> DNCOptions:
-        """These options, unchanged if valid.
-
-        Raises:
-            ValueError: naming the first invalid option and what it must be.
-        """
+        """These options, unchanged if valid; else a `ValueError` naming the first invalid one
+        and what it must be."""
         choice("controller", self.controller, CONTROLLERS)
-        for name in ("controller_size", "controller_layers", "memory_size", "memory_width",
-                     "read_heads", "write_heads"):
-            positive_int(name, getattr(self, name))
+        positive_fields(self, "controller_size", "controller_layers", "memory_size",
+                        "memory_width", "read_heads", "write_heads")
         if self.sparse_link is not None:
             positive_int("sparse_link (K, or None for the exact link matrix)", self.sparse_link)
         return self
 
 
 class _DNCBase(MemoryModule):
-    """The DNC's spec on `torch_ntm.base.MemoryModule` (options, state, layout, step), shared
-    by `DNCCell` and `DNC`: both build exactly these parameters, so their `state_dict`s are
-    interchangeable."""
+    """The DNC on `torch_ntm.base.MemoryModule`: what `DNCCell` and `DNC` share."""
 
     Options = DNCOptions
     State = DNCState
@@ -173,18 +167,8 @@ class _DNCBase(MemoryModule):
 
 
 class DNCCell(Cell, _DNCBase):
-    """One step of a Differentiable Neural Computer.
-
-    Same constructor arguments as `DNC` (except ``batch_first`` and ``engine``) and the same
-    parameter names, so ``cell.load_state_dict(dnc.state_dict())`` steps a trained model.
-
-    Example:
-
-        cell = DNCCell(9, 8)
-        state = None
-        for x_t in xs:                      # x_t: (B, 9)
-            logits, state = cell(x_t, state)
-    """
+    """One step of a Differentiable Neural Computer (`torch_ntm.base.Cell`): `DNC`'s constructor
+    arguments (but ``batch_first`` and ``engine``) and parameter names."""
 
 
 class DNC(SequenceModel, _DNCBase):
@@ -194,13 +178,14 @@ class DNC(SequenceModel, _DNCBase):
     Args:
         input_size: width of each input step.
         output_size: width of each output step (logits).
-        controller: ``"lstm"`` or ``"feedforward"``.
-        controller_size: hidden units per controller layer.
-        controller_layers: number of controller layers.
-        memory_size: N, rows of memory.
-        memory_width: W, width of a memory row.
-        read_heads: R, read heads; each has a key, a strength, a free gate and a read mode.
-        write_heads: Hw, write heads (the paper: 1); each has its own key, strength, erase and
+        controller: ``"lstm"`` (default) or ``"feedforward"``.
+        controller_size: hidden units per controller layer (default 64).
+        controller_layers: number of controller layers (default 1).
+        memory_size: N, rows of memory (default 16).
+        memory_width: W, width of a memory row (default 16).
+        read_heads: R, read heads (default 4); each has a key, a strength, a free gate and a
+            read mode.
+        write_heads: Hw, write heads (default 1, as in the paper); each has its own key, strength, erase and
             write vectors, allocation and write gates, precedence and link matrix.
         sparse_link: None (default) for the exact N x N link matrix; K for the paper's sparse
             approximation, keeping the K largest entries of the write weighting and precedence
@@ -210,25 +195,23 @@ class DNC(SequenceModel, _DNCBase):
             `DNCState`'s dense ``[B, Hw, N, N]``, converted once a call (its link read as each
             row's K largest entries, all that a sparse model's state holds).
         batch_first: inputs and outputs are ``[B, T, ...]`` instead of ``[T, B, ...]``.
-        engine: ``"auto"`` (default), ``"native"``, ``"graphs"`` or ``"eager"``, as for
-            `torch_ntm.NTM` (`torch_ntm.engines`): "auto" runs the native engine on the CPU
-            (`torch_ntm.engines.dnc`: the whole sequence forward and backward in C++), which
-            serves a one-layer LSTM controller, one write head and the exact link matrix (the
-            paper's DNC, the default); any other runs the eager loop over the step, the reason
-            logged once; on a CUDA GPU, "auto" runs the graphs engine (the step captured over
-            the sequence as CUDA graphs). May be changed on a built module by assigning
-            ``dnc.engine``.
+        engine: as for `torch_ntm.NTM`. On the CPU "auto" picks the native engine
+            (`torch_ntm.engines.dnc`: the sequence forward and backward in C++) where it
+            serves: a one-layer LSTM controller, one write head and the exact link matrix (the
+            paper's DNC, the default), else the eager loop over the step, saying once why; on a
+            CUDA GPU the graphs engine. ``dnc.engine = ...`` changes it on a built module.
         device: of the parameters.
         dtype: of the parameters.
 
-    The arguments from ``controller`` to ``sparse_link`` are the fields of `DNCOptions`:
-    ``dnc.options`` holds them, and each is a read-only attribute too (``dnc.memory_size``; the
-    controller's name is ``dnc.controller_type``).
+    ``dnc.options`` (a `DNCOptions`) holds the arguments from ``controller`` to
+    ``sparse_link``; each is a read-only attribute too (``dnc.memory_size``, and
+    ``dnc.controller_type`` for ``controller``).
 
     Example:
 
         dnc = DNC(9, 8)
         logits, state = dnc(x)              # x: (T, B, 9) -> logits (T, B, 8)
+        more, state = dnc(x_next, state)    # the same sequence, carried on
     """
 
     _native = "dnc"

@@ -30,7 +30,7 @@ from torch import Tensor, nn
 from torch_ntm import engines
 from torch_ntm import functional as ntmf
 from torch_ntm.base import Cell, MemoryModule
-from torch_ntm.checks import positive_int
+from torch_ntm.checks import positive_fields, positive_int
 from torch_ntm.layout import LRUALayout
 from torch_ntm.model import MEMORY_INIT_CONSTANT
 from torch_ntm.sequence import SequenceModel
@@ -136,8 +136,7 @@ class MANNOptions:
         Raises:
             ValueError: naming the first invalid option and what it must be.
         """
-        for name in ("controller_size", "memory_size", "memory_width", "read_heads"):
-            positive_int(name, getattr(self, name))
+        positive_fields(self, "controller_size", "memory_size", "memory_width", "read_heads")
         decay = self.usage_decay
         if isinstance(decay, bool) or not isinstance(decay, (int, float)) or not 0 <= decay <= 1:
             raise ValueError(f"usage_decay must be a number in [0, 1], got {decay!r}")
@@ -236,17 +235,8 @@ class _MANNBase(MemoryModule):
 
 
 class MANNCell(Cell, _MANNBase):
-    """One step of a MANN; same constructor arguments as `MANN` (except ``batch_first`` and
-    ``engine``) and the same parameter names, so ``cell.load_state_dict(mann.state_dict())``
-    steps a trained model.
-
-    Example:
-
-        cell = MANNCell(25, 5)
-        state = None
-        for x_t in xs:                      # x_t: (B, 25)
-            logits, state = cell(x_t, state)
-    """
+    """One step of a MANN (`torch_ntm.base.Cell`): `MANN`'s constructor arguments (but
+    ``batch_first`` and ``engine``) and parameter names."""
 
 
 class MANN(SequenceModel, _MANNBase):

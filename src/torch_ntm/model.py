@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from torch_ntm import engines
 from torch_ntm.base import Cell, MemoryModule
-from torch_ntm.checks import bound, choice, positive_int
+from torch_ntm.checks import bound, choice, positive_fields
 from torch_ntm.controllers import CONTROLLERS
 from torch_ntm.layout import HeadLayout, HeadParameters
 from torch_ntm.sequence import SequenceModel
@@ -89,11 +89,9 @@ class NTMOptions:
             ValueError: naming the first invalid option and what it must be.
         """
         choice("controller", self.controller, CONTROLLERS)
-        for name in ("controller_size", "controller_layers", "memory_size", "memory_width",
-                     "read_heads"):
-            positive_int(name, getattr(self, name))
-        for name in ("write_heads", "shift_range"):
-            positive_int(name, getattr(self, name), minimum=0)
+        positive_fields(self, "controller_size", "controller_layers", "memory_size",
+                        "memory_width", "read_heads")
+        positive_fields(self, "write_heads", "shift_range", minimum=0)
         choice("memory_init", self.memory_init, MEMORY_INITS)
         caps = {"max_beta": bound("max_beta", self.max_beta, 0.0),
                 "max_gamma": bound("max_gamma", self.max_gamma, 1.0)}
@@ -111,9 +109,8 @@ class NTMOptions:
 
 
 class _NTMBase(MemoryModule):
-    """The NTM's spec on `torch_ntm.base.MemoryModule` (options, state, layout, step), shared
-    by `NTMCell` and `NTM`: both build exactly these parameters, so their `state_dict`s are
-    interchangeable."""
+    """The NTM's options, state, layout and step on `torch_ntm.base.MemoryModule`: `NTMCell` and
+    `NTM` build exactly these parameters, so their `state_dict`s are interchangeable."""
 
     Options = NTMOptions
     State = NTMState
@@ -192,19 +189,9 @@ class _NTMBase(MemoryModule):
 
 
 class NTMCell(Cell, _NTMBase):
-    """One step of a Neural Turing Machine.
-
-    Same constructor arguments as `NTM` (except ``batch_first`` and ``engine``) and the same
-    parameter names, so ``cell.load_state_dict(ntm.state_dict())`` steps a model trained as a
-    sequence.
-
-    Example:
-
-        cell = NTMCell(9, 8)
-        state = None
-        for x_t in xs:                      # x_t: (B, 9)
-            logits, state = cell(x_t, state)
-    """
+    """One step of a Neural Turing Machine (`torch_ntm.base.Cell`): `NTM`'s constructor arguments
+    (but ``batch_first`` and ``engine``) and parameter names, so ``cell.load_state_dict(
+    ntm.state_dict())`` steps a model trained as a sequence."""
 
 
 class NTM(SequenceModel, _NTMBase):

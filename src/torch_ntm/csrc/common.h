@@ -15,7 +15,9 @@
 #include <cstdint>
 #include <cstdio>
 #include <exception>
+#include <limits>
 #include <type_traits>
+#include <utility>
 
 
 namespace torch_ntm {
@@ -74,6 +76,40 @@ inline F max_of(const F* a, int64_t n, F init) {
   return out;
 }
 
+// w := softmax(w) over its n entries, in place: the largest subtracted, exp, normalised (the
+// content weightings of all three models).
+template <typename F>
+inline void softmax_inplace(F* w, int64_t n) {
+  const F mx = max_of(w, n, -std::numeric_limits<F>::infinity());
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] -= mx;
+  map1(w, w, n, [](Vec<F> v) { return v.exp(); });
+  const F inv_total = F(1) / sum(w, n);
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) w[i] *= inv_total;
+}
+
+// The backward of a content weighting w = softmax(beta cos) over n rows, cos[i] = (key . row_i)
+// ik inv[i] (ik, inv[i]: the inverse norms of the key and of row i), from its gradient dw and
+// inner = w . dw: writes ddot[i], the gradient of key . row_i, and t[i] = dcos[i] cos[i], of
+// which the norms' gradients are made; returns (d beta, the sum of t).
+template <typename F>
+inline std::pair<F, F> content_softmax_backward(const F* w, const F* dw, F inner, const F* cos,
+                                                F beta, F ik, const F* inv, int64_t n, F* ddot,
+                                                F* t) {
+  F dbeta = 0, tsum = 0;
+#pragma omp simd reduction(+ : dbeta, tsum)
+  for (int64_t i = 0; i < n; ++i) {
+    const F dz = w[i] * (dw[i] - inner);
+    dbeta += dz * cos[i];
+    const F dcos = dz * beta;
+    ddot[i] = dcos * ik * inv[i];
+    t[i] = dcos * cos[i];
+    tsum += t[i];
+  }
+  return {dbeta, tsum};
+}
+
 // A vector of n <= W values at p (the lanes past n are 0 on load and not stored).
 template <typename F>
 inline Vec<F> load_n(const F* p, int64_t n) {
@@ -100,6 +136,38 @@ inline bool before(F a, int64_t i, F b, int64_t j) {
 // Argument i of a kernel's pointer array, as a read-only F array.
 template <typename F>
 const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
+
+// The sizes of every MANN or DNC call (its generated struct's steps, batch, controller and rows)
+// and whether it keeps every step's state (as a backward needs), checked.
+struct CallSizes {
+  int64_t T, B, C, N;
+  bool keep_all;
+
+  int64_t G() const { return 4 * C; }  // the LSTM's gates
+};
+
+template <typename Call>
+CallSizes call_sizes(const Call& d, const char* model) {
+  if (d.steps < 1 || d.batch < 1 || d.controller < 1 || d.rows < 1) {
+    throw std::invalid_argument(std::string(model) + ": invalid sizes");
+  }
+  return {d.steps, d.batch, d.controller, d.rows, d.keep_all != 0};
+}
+
+// The LSTM controller's side of a MANN's or DNC's forward call, where the generated
+// `{Call}Forward` enum `A` has them: the LSTM's input side [T, B, 4C] with its biases (gates i, f,
+// o, g), its weights of [reads, h] [4C, Z], the head (interface) layer [P, C] and its bias [P],
+// and the first step's h [B, C] and reads [B, Z - C].
+template <typename F>
+struct Controller {
+  const F *xpre, *wrh, *wp, *bp, *h0, *reads0;
+};
+
+template <typename F, typename A>
+Controller<F> controller_args(const uintptr_t* p) {
+  return {arg<F>(p, A::xpre), arg<F>(p, A::wrh), arg<F>(p, A::wp),
+          arg<F>(p, A::bp),   arg<F>(p, A::h0),  arg<F>(p, A::reads0)};
+}
 
 template <typename F>
 inline F sigmoid(F x) { return F(1) / (F(1) + std::exp(-x)); }

@@ -27,15 +27,32 @@ namespace torch_ntm {
 namespace {
 namespace dnc {
 
-struct Cfg {
-  int64_t T, B, C, R, W, N, P;
+struct Cfg : CallSizes {
+  int64_t R, W, P;
   // where each interface field starts in a row of the interface layer's output
   int64_t rkey, rstr, wkey, wstr, erase, wvec, free, agate, wgate, modes;
-  bool keep_all;
 
-  int64_t G() const { return 4 * C; }
   int64_t RW() const { return R * W; }
 };
+
+// The call's sizes, checked.
+Cfg config(const DNCCall& d) {
+  const Cfg c{call_sizes(d, "dnc"), d.read_heads,     d.width,           d.fields,
+              d.read_key,           d.read_strength,  d.write_key,       d.write_strength,
+              d.erase,              d.write_vector,   d.free_gate,       d.allocation_gate,
+              d.write_gate,         d.read_mode};
+  if (c.R < 1 || c.W < 1) {
+    throw std::invalid_argument("dnc: invalid sizes");
+  }
+  const int64_t R = c.R, W = c.W;
+  if (c.rkey != 0 || c.rstr != R * W || c.wkey != c.rstr + R || c.wstr != c.wkey + W ||
+      c.erase != c.wstr + 1 || c.wvec != c.erase + W || c.free != c.wvec + W ||
+      c.agate != c.free + R || c.wgate != c.agate + 1 || c.modes != c.wgate + 1 ||
+      c.P != c.modes + 3 * R) {
+    throw std::invalid_argument("dnc: the interface fields must be DNC_FIELDS' for one write head");
+  }
+  return c;
+}
 
 // One batch element's state (a slot): memory [N, W], usage [N], link [N, N], precedence [N],
 // read weightings [R, N], write weighting [N].
@@ -48,6 +65,7 @@ struct State {
 // the call's sizes: a slot's state and a step's weightings for one batch element.
 template <typename F>
 struct View : DNCCallBuffers<F> {
+  View(const DNCCall& d, const uintptr_t* p) : c(config(d)) { this->take(d, p); }
   using Base = DNCCallBuffers<F>;
   using Base::fwd;
   using Base::bwd;
@@ -141,13 +159,7 @@ void content(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_
     cos[i] = short_dot(key, mem + i * W, W) * ik * inv[i];
     w[i] = beta * cos[i];
   }
-  const F mx = max_of(w, N, -std::numeric_limits<F>::infinity());
-#pragma omp simd
-  for (int64_t i = 0; i < N; ++i) w[i] -= mx;
-  map1(w, w, N, [](Vec<F> v) { return v.exp(); });
-  const F total = F(1) / sum(w, N);
-#pragma omp simd
-  for (int64_t i = 0; i < N; ++i) w[i] *= total;
+  softmax_inplace(w, N);
 }
 
 // The step's addressing up to the write weighting's parts: the activated interface, retention,
@@ -259,23 +271,17 @@ void access(const Cfg& c, const F* raw, const State<F>& prev, const State<F>& ne
 // ------------------------------------------------------------------------------------------------
 
 // functional.content_weights backward for one key, from dw [N]: adds to dmem [N, W] and dkey [W],
-// returns d beta.
+// returns d beta. Scratch: ddot, t [N].
 template <typename F>
 F content_backward(const F* mem, const F* inv, const F* key, F beta, int64_t N, int64_t W,
-                   const F* cos, const F* w, const F* dw, F* dmem, F* dkey, F* ddot) {
+                   const F* cos, const F* w, const F* dw, F* dmem, F* dkey, F* ddot, F* t) {
   const F inner = short_dot(w, dw, N);
   const F kq = short_dot(key, key, W) + F(kEps);
-  const F ik = F(1) / std::sqrt(kq);
-  F dbeta = 0, tk = 0;
+  const auto [dbeta, tk] =
+      content_softmax_backward(w, dw, inner, cos, beta, F(1) / std::sqrt(kq), inv, N, ddot, t);
   for (int64_t i = 0; i < N; ++i) {
-    const F dz = w[i] * (dw[i] - inner);
-    dbeta += dz * cos[i];
-    const F dcos = dz * beta;
-    ddot[i] = dcos * ik * inv[i];
-    const F t = dcos * cos[i];
-    tk += t;
     // d|row|^2 = -t / (2 (|row|^2 + EPS)); the row's gradient gains 2 row d|row|^2
-    const F dsq2 = -t * inv[i] * inv[i];
+    const F dsq2 = -t[i] * inv[i] * inv[i];
     const F di = ddot[i];
     const F* m = mem + i * W;
     F* dm = dmem + i * W;
@@ -299,12 +305,12 @@ struct Grads {
 // Scratch of the backward, for one batch element.
 template <typename F>
 struct BackScratch {
-  std::vector<F> dact, dwr, dmem, dlink, dww, dalloc, dcw, du, dpsi, ddot, drc, dfwd, dbwd, dwrp,
-      dpp;
+  std::vector<F> dact, dwr, dmem, dlink, dww, dalloc, dcw, du, dpsi, ddot, dt, drc, dfwd, dbwd,
+      dwrp, dpp;
   explicit BackScratch(const Cfg& c)
       : dact(c.P), dwr(c.R * c.N), dmem(c.N * c.W), dlink(c.N), dww(c.N), dalloc(c.N),
-        dcw(c.N), du(c.N), dpsi(c.N), ddot(c.N), drc(c.N), dfwd(c.R * c.N), dbwd(c.R * c.N),
-        dwrp(c.R * c.N), dpp(c.N) {}
+        dcw(c.N), du(c.N), dpsi(c.N), ddot(c.N), dt(c.N), drc(c.N), dfwd(c.R * c.N),
+        dbwd(c.R * c.N), dwrp(c.R * c.N), dpp(c.N) {}
 };
 
 template <typename F>
@@ -349,7 +355,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
     }
     dact[c.rstr + r] = content_backward(next.mem, s.rinv.data(), a + c.rkey + r * W,
                                         a[c.rstr + r], N, W, s.rcos.data() + r * N, rc, drc,
-                                        dmem, dact + c.rkey + r * W, k.ddot.data());
+                                        dmem, dact + c.rkey + r * W, k.ddot.data(), k.dt.data());
   }
   // Precedence: p = (1 - sum ww) p_{t-1} + ww.
   const F* ww = next.ww;
@@ -433,7 +439,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
   // Write content on M_{t-1}.
   dact[c.wstr] = content_backward(prev.mem, s.winv.data(), a + c.wkey, a[c.wstr], N, W,
                                   s.wcos.data(), s.cw.data(), k.dcw.data(), g.dmem,
-                                  dact + c.wkey, k.ddot.data());
+                                  dact + c.wkey, k.ddot.data(), k.dt.data());
   // Allocation: a[phi_j] = (1 - u[phi_j]) prod_{i<j} u[phi_i], the order a constant.
   F* du = k.du.data();
   std::copy(g.dusage, g.dusage + N, du);
@@ -492,17 +498,7 @@ void access_backward(const Cfg& c, const F* raw, const State<F>& prev, const Sta
 // ------------------------------------------------------------------------------------------------
 
 template <typename F>
-struct Params {
-  const F* xpre;    // [T, B, 4C] the LSTM's input side, biases included (gates i, f, o, g)
-  const F* wrh;     // [4C, R W + C] the LSTM's weights of [reads, h]
-  const F* wp;      // [P, C] the interface layer
-  const F* bp;      // [P]
-  const F* h0;      // [B, C]
-  const F* reads0;  // [B, R, W]
-};
-
-template <typename F>
-void forward(const View<F>& v, const Params<F>& p) {
+void forward(const View<F>& v, const Controller<F>& p) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW();
   Scratch<F> s(c);
@@ -521,7 +517,7 @@ void forward(const View<F>& v, const Params<F>& p) {
 }
 
 template <typename F>
-void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dreads_out,
+void backward(const View<F>& v, const F* wrh, const F* wp, const F* dhs, const F* dreads_out,
               Grads<F> g, F* dreads, F* dh, F* dc, F* dgates, F* draw) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW(), N = c.N, W = c.W, R = c.R;
@@ -544,80 +540,35 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
       access_backward(c, raw + b * c.P, prev, next, s, v.fwd(t, b), v.bwd(t, b), dr.data(), gb,
                       k, drw + b * c.P);
     }
-    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, p.wp, p.wrh, v.act(t), v.cell(t),
+    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, wp, wrh, v.act(t), v.cell(t),
                         v.cell(t + 1), dh, dc, dreads, dgates + t * B * c.G(), dhb.data(),
                         dz.data(), tc.data());
   }
 }
 
 // ------------------------------------------------------------------------------------------------
-// The C entry points' arguments.
+// The C entry points (entry.h's TORCH_NTM_ENTRY): their pointers, read by the generated enums.
 // ------------------------------------------------------------------------------------------------
 
-Cfg config(const DNCCall& d) {
-  Cfg c;
-  c.T = d.steps;
-  c.B = d.batch;
-  c.C = d.controller;
-  c.R = d.read_heads;
-  c.W = d.width;
-  c.N = d.rows;
-  c.P = d.fields;
-  c.rkey = d.read_key;
-  c.rstr = d.read_strength;
-  c.wkey = d.write_key;
-  c.wstr = d.write_strength;
-  c.erase = d.erase;
-  c.wvec = d.write_vector;
-  c.free = d.free_gate;
-  c.agate = d.allocation_gate;
-  c.wgate = d.write_gate;
-  c.modes = d.read_mode;
-  c.keep_all = d.keep_all != 0;
-  if (c.T < 1 || c.B < 1 || c.C < 1 || c.R < 1 || c.W < 1 || c.N < 1) {
-    throw std::invalid_argument("dnc: invalid sizes");
-  }
-  const int64_t R = c.R, W = c.W;
-  if (c.rkey != 0 || c.rstr != R * W || c.wkey != c.rstr + R || c.wstr != c.wkey + W ||
-      c.erase != c.wstr + 1 || c.wvec != c.erase + W || c.free != c.wvec + W ||
-      c.agate != c.free + R || c.wgate != c.agate + 1 || c.modes != c.wgate + 1 ||
-      c.P != c.modes + 3 * R) {
-    throw std::invalid_argument("dnc: the interface fields must be DNC_FIELDS' for one write head");
-  }
-  return c;
-}
-
-template <typename F>
-View<F> take_view(const DNCCall& d, const uintptr_t* p) {
-  View<F> v;
-  v.c = config(d);
-  v.take(d, p);
-  return v;
-}
 
 // pointers: DNCCallForward's, then the buffers.
 template <typename F>
 void run_forward(const DNCCall* d, const uintptr_t* p) {
   using A = DNCCallForward;
-  const Params<F> params{arg<F>(p, A::xpre), arg<F>(p, A::wrh), arg<F>(p, A::wp),
-                         arg<F>(p, A::bp),   arg<F>(p, A::h0),  arg<F>(p, A::reads0)};
-  forward<F>(take_view<F>(*d, p + A::count), params);
+  forward<F>(View<F>(*d, p + A::count), controller_args<F, A>(p));
 }
 
 // pointers: DNCCallBackward's, then the buffers.
 template <typename F>
 void run_backward(const DNCCall* d, const uintptr_t* p) {
   using A = DNCCallBackward;
-  const View<F> v = take_view<F>(*d, p + A::count);
+  const View<F> v(*d, p + A::count);
   if (!v.c.keep_all) throw std::invalid_argument("dnc: the backward needs every step's state");
-  Params<F> params{};
-  params.wrh = arg<F>(p, A::wrh);
-  params.wp = arg<F>(p, A::wp);
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Grads<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dlink), ptr(A::dprec), ptr(A::dwr),
              ptr(A::dww)};
-  backward<F>(v, params, ptr(A::dhs), ptr(A::dreads), g, ptr(A::dreads0), ptr(A::dh),
-              ptr(A::dc), ptr(A::dgates), ptr(A::draw));
+  backward<F>(v, arg<F>(p, A::wrh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
+              ptr(A::dreads0), ptr(A::dh), ptr(A::dc), ptr(A::dgates), ptr(A::draw));
 }
 
 }  // namespace dnc

@@ -24,12 +24,10 @@ namespace torch_ntm {
 namespace {
 namespace lrua {
 
-struct Cfg {
-  int64_t T, B, C, H, M, N, P, Fw, o_alpha, o_add, o_beta;
-  bool keep_all;
+struct Cfg : CallSizes {
+  int64_t H, M, P, Fw, o_alpha, o_add, o_beta;
   double gamma;  // usage decay
 
-  int64_t G() const { return 4 * C; }
   int64_t Z() const { return H * M + C; }  // the recurrent matmul's input [reads, h]
   int64_t key(int64_t k) const { return k * Fw; }
   int64_t alpha(int64_t k) const { return k * Fw + o_alpha; }
@@ -37,10 +35,24 @@ struct Cfg {
   int64_t beta(int64_t k) const { return k * Fw + o_beta; }
 };
 
+// The call's sizes, checked.
+Cfg config(const MANNCall& d) {
+  const Cfg c{call_sizes(d, "mann"), d.heads, d.width, d.heads * d.fields, d.fields, d.alpha,
+              d.add, d.beta, d.decay};
+  if (c.H < 1 || c.M < 1 || c.N < c.H) {
+    throw std::invalid_argument("mann: invalid sizes");
+  }
+  if (c.o_alpha != c.M || c.Fw != c.M + 1 + (c.o_add >= 0 ? c.M : 0) + (c.o_beta >= 0 ? 1 : 0)) {
+    throw std::invalid_argument("mann: head fields must be key (M), alpha (1)[, add (M)][, beta]");
+  }
+  return c;
+}
+
 // The buffers (MANNCall.buffers, engines/calls.py; the accessors generated into calls.h), with
 // the call's sizes.
 template <typename F>
 struct View : MANNCallBuffers<F> {
+  View(const MANNCall& d, const uintptr_t* p) : c(config(d)) { this->take(d, p); }
   Cfg c;
 };
 
@@ -280,13 +292,7 @@ void memory_step(const Cfg& c, const F* raw, const F* mem_prev, const F* usage_p
       ck[i] *= ik * inv[i];
       w[i] = beta * ck[i];
     }
-    const F mx = max_of(w, N, -std::numeric_limits<F>::infinity());
-#pragma omp simd
-    for (int64_t i = 0; i < N; ++i) w[i] -= mx;
-    map1(w, w, N, [](Vec<F> v) { return v.exp(); });
-    const F total = F(1) / sum(w, N);
-#pragma omp simd
-    for (int64_t i = 0; i < N; ++i) w[i] *= total;
+    softmax_inplace(w, N);
   }
   read_all(c, wr, mem, reads);
   const F gamma = F(c.gamma);
@@ -389,12 +395,12 @@ void rows_backward_any(const Cfg& c, const F* mem, const F* act, const F* wr, co
 // From the gradients of this step's reads (dreads [H, M]) and of its state (dmem [M, N],
 // dusage [N], dwr [H, N]), those of the previous state, in place (dmem, dusage, dwr), of the
 // least-used rows it was given (dlu [N]) and of the head layer's output (draw [P]).
-// Scratch: act, dact [P], ww, dw, ddot [H, N], keep, inv, dmsq [N].
+// Scratch: act, dact [P], ww, dw, ddot [H, N], keep, inv, dmsq, t [N].
 template <typename F>
 void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq, const F* cos,
                           const F* usage_prev, const F* wr_prev, const F* lu_prev, const F* wr,
                           const F* dreads, F* dmem, F* dusage, F* dwr, F* dlu, F* draw, F* act,
-                          F* dact, F* ww, F* dw, F* ddot, F* keep, F* inv, F* dmsq) {
+                          F* dact, F* ww, F* dw, F* ddot, F* keep, F* inv, F* dmsq, F* t) {
   const int64_t M = c.M, N = c.N, H = c.H;
   activate(c, raw, act);
   write_weights(c, act, wr_prev, lu_prev, usage_prev, ww, keep);
@@ -420,20 +426,11 @@ void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq
     const F beta = beta_of(c, act, k);
     const F* w = wr + k * N;
     const F* d = dw + k * N;
-    const F* ck = cos + k * N;
     F* dd = ddot + k * N;
-    const F inner = dot(w, d, N);
-    F db = 0, tk = 0;
-#pragma omp simd reduction(+ : db, tk)
-    for (int64_t i = 0; i < N; ++i) {
-      const F dz = w[i] * (d[i] - inner);
-      db += dz * ck[i];
-      const F dcos = dz * beta;
-      dd[i] = dcos * ik * inv[i];
-      const F t = dcos * ck[i];
-      tk += t;
-      dmsq[i] += F(-0.5) * t * inv[i] * inv[i];
-    }
+    const auto [db, tk] =
+        content_softmax_backward(w, d, dot(w, d, N), cos + k * N, beta, ik, inv, N, dd, t);
+#pragma omp simd
+    for (int64_t i = 0; i < N; ++i) dmsq[i] += F(-0.5) * t[i] * inv[i] * inv[i];
     if (c.o_beta >= 0) dact[c.beta(k)] = db;
     dkq[k] = F(-0.5) * tk / kq;
   }
@@ -488,18 +485,7 @@ void memory_step_backward(const Cfg& c, const F* raw, const F* mem, const F* msq
 // ------------------------------------------------------------------------------------------------
 
 template <typename F>
-struct Params {
-  const F* xpre;  // [T, B, 4C] the LSTM's input side, biases included (gates i, f, o, g)
-  const F* wrh;   // [4C, H M + C] the LSTM's weights of [reads, h]
-  const F* wp;    // [P, C] the head layer
-  const F* bp;    // [P]
-  const F* h0;    // [B, C]
-  const F* reads0;  // [B, H, M]
-  F* work;  // [2, B, M, N] where every step's memory is kept: the memory of the last two steps
-};
-
-template <typename F>
-void forward(const View<F>& v, const Params<F>& p) {
+void forward(const View<F>& v, const Controller<F>& p, F* work) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
   for (int64_t t = 0; t < c.T; ++t) {
@@ -516,8 +502,8 @@ void forward(const View<F>& v, const Params<F>& p) {
     const F* up = v.usage(s0);
     const F *wrp = v.wr(s0), *lp = v.lu(s0);
     F *qn = v.msq(s1), *un = v.usage(s1), *wrn = v.wr(s1), *ln = v.lu(s1);
-    const F* mp = c.keep_all ? p.work + (t % 2) * B * M * N : v.mem(s0);
-    F* mn = c.keep_all ? p.work + ((t + 1) % 2) * B * M * N : v.mem(s1);
+    const F* mp = c.keep_all ? work + (t % 2) * B * M * N : v.mem(s0);
+    F* mn = c.keep_all ? work + ((t + 1) % 2) * B * M * N : v.mem(s1);
     F* history = c.keep_all ? v.mem(s1) : nullptr;
     F* rd = v.reads(t);
     F* cs = v.cos(st);
@@ -550,7 +536,7 @@ struct Carried {
 // dhs [T, B, C] and dreads_out [T, B, H, M]: the gradients of each step's outputs; writes
 // dgates [T, B, 4C] (the LSTM's pre-activations) and draw [T, B, P] (the head layer's outputs).
 template <typename F>
-void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dreads_out,
+void backward(const View<F>& v, const F* wrh, const F* wp, const F* dhs, const F* dreads_out,
               Carried<F>& g, F* dgates, F* draw) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
@@ -566,82 +552,47 @@ void backward(const View<F>& v, const Params<F>& p, const F* dhs, const F* dread
     F* drw = draw + t * B * c.P;
     {
       std::vector<F> act(c.P), dact(c.P), ww(H * N), dw(H * N), ddot(H * N), keep(N), inv(N),
-          dmsq(N);
+          dmsq(N), tn(N);
       for (int64_t b = 0; b < B; ++b) {
         memory_step_backward(c, raw + b * c.P, mn + b * M * N, qn + b * N, cs + b * H * N,
                              up + b * N, wrp + b * H * N, lp + b * N, wrn + b * H * N,
                              dr.data() + b * H * M, g.dmem + b * M * N, g.dusage + b * N,
                              g.dwr + b * H * N, g.dlu + b * N, drw + b * c.P, act.data(),
                              dact.data(), ww.data(), dw.data(), ddot.data(), keep.data(),
-                             inv.data(), dmsq.data());
+                             inv.data(), dmsq.data(), tn.data());
       }
     }
     // h_t feeds the outputs, the head layer and the next step's gates (common.h).
-    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, p.wp, p.wrh, v.act(t), v.cell(t),
+    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, wp, wrh, v.act(t), v.cell(t),
                         v.cell(t + 1), g.dh, g.dc, g.dreads, dgates + t * B * c.G(), dh.data(),
                         dz.data(), tc.data());
   }
 }
 
 // ------------------------------------------------------------------------------------------------
-// The C entry points' arguments.
+// The C entry points (entry.h's TORCH_NTM_ENTRY): their pointers, read by the generated enums.
 // ------------------------------------------------------------------------------------------------
 
-Cfg config(const MANNCall& d) {
-  Cfg c;
-  c.T = d.steps;
-  c.B = d.batch;
-  c.C = d.controller;
-  c.H = d.heads;
-  c.M = d.width;
-  c.N = d.rows;
-  c.Fw = d.fields;
-  c.o_alpha = d.alpha;
-  c.o_add = d.add;
-  c.o_beta = d.beta;
-  c.keep_all = d.keep_all != 0;
-  c.P = c.H * c.Fw;
-  c.gamma = d.decay;
-  if (c.T < 1 || c.B < 1 || c.C < 1 || c.H < 1 || c.M < 1 || c.N < c.H) {
-    throw std::invalid_argument("mann: invalid sizes");
-  }
-  if (c.o_alpha != c.M || c.Fw != c.M + 1 + (c.o_add >= 0 ? c.M : 0) + (c.o_beta >= 0 ? 1 : 0)) {
-    throw std::invalid_argument("mann: head fields must be key (M), alpha (1)[, add (M)][, beta]");
-  }
-  return c;
-}
-
-template <typename F>
-View<F> take_view(const MANNCall& d, const uintptr_t* p) {
-  View<F> v;
-  v.c = config(d);
-  v.take(d, p);
-  return v;
-}
 
 // pointers: MANNCallForward's, then the buffers.
 template <typename F>
 void run_forward(const MANNCall* d, const uintptr_t* p) {
   using A = MANNCallForward;
-  const Params<F> params{arg<F>(p, A::xpre), arg<F>(p, A::wrh), arg<F>(p, A::wp),
-                         arg<F>(p, A::bp),   arg<F>(p, A::h0),  arg<F>(p, A::reads0),
-                         reinterpret_cast<F*>(p[A::work])};
-  forward<F>(take_view<F>(*d, p + A::count), params);
+  forward<F>(View<F>(*d, p + A::count), controller_args<F, A>(p),
+             reinterpret_cast<F*>(p[A::work]));
 }
 
 // pointers: MANNCallBackward's, then the buffers.
 template <typename F>
 void run_backward(const MANNCall* d, const uintptr_t* p) {
   using A = MANNCallBackward;
-  const View<F> v = take_view<F>(*d, p + A::count);
+  const View<F> v(*d, p + A::count);
   if (!v.c.keep_all) throw std::invalid_argument("mann: the backward needs every step's state");
-  Params<F> params{};
-  params.wrh = arg<F>(p, A::wrh);
-  params.wp = arg<F>(p, A::wp);
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Carried<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dwr), ptr(A::dreads0),
                ptr(A::dh),   ptr(A::dc),     ptr(A::dlu)};
-  backward<F>(v, params, ptr(A::dhs), ptr(A::dreads), g, ptr(A::dgates), ptr(A::draw));
+  backward<F>(v, arg<F>(p, A::wrh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
+              ptr(A::dgates), ptr(A::draw));
 }
 
 }  // namespace lrua

@@ -122,16 +122,9 @@ __attribute__((noinline)) F weightings(const Cfg& c, const F* cos, F beta, const
   const int64_t N = c.N, R = c.R;
 #pragma omp simd
   for (int64_t i = 0; i < N; ++i) wc[i] = beta * cos[i];
-  const F mx = max_of(wc, N, -std::numeric_limits<F>::infinity());
+  softmax_inplace(wc, N);  // eq. (5)
 #pragma omp simd
-  for (int64_t i = 0; i < N; ++i) wc[i] -= mx;
-  map1(wc, wc, N, [](Vec<F> v) { return v.exp(); });  // eq. (5)
-  const F inv_total = F(1) / sum(wc, N);
-#pragma omp simd
-  for (int64_t i = 0; i < N; ++i) {
-    wc[i] *= inv_total;
-    wg[i] = w_prev[i] + gate * (wc[i] - w_prev[i]);  // eq. (7)
-  }
+  for (int64_t i = 0; i < N; ++i) wg[i] = w_prev[i] + gate * (wc[i] - w_prev[i]);  // eq. (7)
   std::fill(ws, ws + N, F(0));
   for (int64_t q = 0; q < c.S; ++q) shift_add(ws, wg, s[q], R - q, N);  // eq. (8)
   return max_of(ws, N, F(c.tiny));

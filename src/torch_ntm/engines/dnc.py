@@ -22,13 +22,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
 from torch import Tensor, nn
 
-from torch_ntm.engines import library
 from torch_ntm.engines.calls import DNCCall
-from torch_ntm.engines.common import lstm_input_side
-from torch_ntm.engines.lstm_memory import Spec, eager, sequence
+from torch_ntm.engines.lstm_memory import Spec, eager, run
 from torch_ntm.layout import DNC_FIELDS, DNCLayout
 from torch_ntm.states import DNCState
 
@@ -82,32 +79,13 @@ _SPEC = Spec("dnc", ("mem", "usage", "link", "prec", "wr", "ww"))
 
 
 def forward(model: nn.Module, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
-    """``model``'s sequence by the native engine.
-
-    Args:
-        model: the `torch_ntm.DNC` (only its public attributes are read), one the kernels serve
-            (`DNCCall.why_not`).
-        x: ``[T, B, input_size]``, time-major, already checked by `DNC.forward`.
-        state: the `torch_ntm.DNCState` to start from (checked).
-
-    Returns:
-        ``(logits [T, B, output_size], final state)``, differentiable to every parameter, to
-        ``x`` and to the state's tensors where gradients are enabled; without them, a forward
-        that keeps two slots of state instead of every step's.
-    """
-    library.keep_freed_memory_once()
-    cfg = _config(model)
-    xpre, wrh = lstm_input_side(model, x)
-    hs, reads, c, (memory, usage, link, precedence, w_read, w_write) = sequence(
-        _SPEC, cfg, xpre, wrh, model.head_params.weight.contiguous(),
-        model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
-        state.controller[1][0].contiguous(),
-        (state.memory.contiguous(), state.usage.contiguous(), state.link[:, 0].contiguous(),
-         state.precedence[:, 0].contiguous(), state.read_weights.contiguous(),
-         state.write_weights[:, 0].contiguous()),
-        state.reads.contiguous())
-    logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
-    final = type(state)((hs[-1].unsqueeze(0), c.unsqueeze(0)), memory, usage, link.unsqueeze(1),
-                        precedence.unsqueeze(1), w_read, w_write.unsqueeze(1),
-                        reads[-1])  # a DNCState (the engines import no model)
-    return logits, final
+    """``model``'s sequence by the native engine (`lstm_memory.run`): ``(logits [T, B,
+    output_size], final state)``, for a `torch_ntm.DNC` the kernels serve (`DNCCall.why_not`),
+    ``x`` ``[T, B, input_size]`` and ``state`` a `torch_ntm.DNCState`, both checked by
+    `DNC.forward`."""
+    logits, controller, (memory, usage, link, precedence, w_read, w_write), reads = run(
+        _SPEC, _config(model), model, x, state,
+        (state.memory, state.usage, state.link[:, 0], state.precedence[:, 0],
+         state.read_weights, state.write_weights[:, 0]))
+    return logits, type(state)(controller, memory, usage, link.unsqueeze(1),  # a DNCState
+                               precedence.unsqueeze(1), w_read, w_write.unsqueeze(1), reads)

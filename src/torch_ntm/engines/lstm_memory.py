@@ -19,9 +19,9 @@ import torch
 from torch import Tensor
 
 from torch_ntm.engines import library
-from torch_ntm.engines.common import carried, first_order_only, lstm_ifog
+from torch_ntm.engines.common import carried, first_order_only, lstm_ifog, lstm_input_side
 
-__all__ = ["Spec", "eager", "sequence"]
+__all__ = ["Spec", "eager", "run", "sequence"]
 
 
 class Spec(NamedTuple):
@@ -118,6 +118,32 @@ def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
     return (buf.hs, buf.reads, buf.cell[last],
             [getattr(buf, name)[last] for name in spec.state])
+
+
+def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state, memory: tuple) -> tuple:
+    """A model's sequence by the driver: the steps (`sequence`) from its LSTM controller's input
+    side, its head layer and ``state``'s controller and reads, then its output layer.
+
+    Args:
+        spec, cfg: the model's engine's `Spec` and call sizes.
+        model: the MANN or DNC (only its public attributes are read).
+        x: ``[T, B, features]``, what the controller reads (time-major, checked).
+        state: the model's state to start from (checked): its ``controller`` and ``reads``.
+        memory: the rest of ``state``, in the order of ``spec.state`` and the buffers' layout.
+
+    Returns:
+        ``(logits [T, B, output_size], the final (h, c), the final memory state as ``memory``,
+        the final reads)``, differentiable where gradients are enabled (`sequence`).
+    """
+    library.keep_freed_memory_once()
+    xpre, wrh = lstm_input_side(model, x)
+    hs, reads, c, final = sequence(
+        spec, cfg, xpre, wrh, model.head_params.weight.contiguous(),
+        model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
+        state.controller[1][0].contiguous(), tuple(t.contiguous() for t in memory),
+        state.reads.contiguous())
+    logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
+    return logits, (hs[-1].unsqueeze(0), c.unsqueeze(0)), final, reads[-1]
 
 
 def eager(step: Callable, xpre, wrh, wp, bp, h, cell, *rest) -> list:

@@ -19,13 +19,10 @@ from __future__ import annotations
 
 from typing import NamedTuple
 
-import torch
 from torch import Tensor, nn
 
-from torch_ntm.engines import library
 from torch_ntm.engines.calls import MANNCall
-from torch_ntm.engines.common import lstm_input_side
-from torch_ntm.engines.lstm_memory import Spec, eager, sequence
+from torch_ntm.engines.lstm_memory import Spec, eager, run
 from torch_ntm.layout import LRUALayout
 from torch_ntm.states import MANNState
 
@@ -86,30 +83,11 @@ _SPEC = Spec("mann", ("mem", "usage", "wr", "lu"), frozenset({"lu"}), _work)
 
 
 def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
-    """``model``'s sequence by the native engine.
-
-    Args:
-        model: the `torch_ntm.MANN` (only its public attributes are read).
-        x: ``[T, B, input_size]``, time-major, already checked by `MANN.forward`.
-        state: the `torch_ntm.MANNState` to start from (checked).
-
-    Returns:
-        ``(logits [T, B, output_size], final state)``, differentiable to every parameter, to
-        ``x`` and to the state's tensors where gradients are enabled; without them, a forward
-        that keeps two slots of state instead of every step's.
-    """
-    library.keep_freed_memory_once()
-    cfg = _config(model)
-    xpre, wrh = lstm_input_side(model, model.encode(x))
-    hs, reads, c, (memory, usage, w_read, least_used) = sequence(
-        _SPEC, cfg, xpre, wrh, model.head_params.weight.contiguous(),
-        model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
-        state.controller[1][0].contiguous(),
-        (state.memory.transpose(1, 2).contiguous(), state.usage.contiguous(),
-         state.read_weights.contiguous(), state.least_used.contiguous()),
-        state.reads.contiguous())
-    logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
-    # a MANNState (the engines import no model)
-    final = type(state)((hs[-1].unsqueeze(0), c.unsqueeze(0)),
-                        memory.transpose(1, 2).contiguous(), usage, w_read, least_used, reads[-1])
-    return logits, final
+    """``model``'s sequence by the native engine (`lstm_memory.run`, on the encoded input):
+    ``(logits [T, B, output_size], final state)``, for a `torch_ntm.MANN`, ``x`` ``[T, B,
+    input_size]`` and ``state`` a `torch_ntm.MANNState`, both checked by `MANN.forward`."""
+    logits, controller, (memory, usage, w_read, least_used), reads = run(
+        _SPEC, _config(model), model, model.encode(x), state,
+        (state.memory.transpose(1, 2), state.usage, state.read_weights, state.least_used))
+    return logits, type(state)(controller, memory.transpose(1, 2).contiguous(),  # a MANNState
+                               usage, w_read, least_used, reads)
