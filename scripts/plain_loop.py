@@ -49,7 +49,7 @@ def seeds_arg(text: str) -> list[int]:
 
 def model_kwargs(task_name: str, overrides: list[str]) -> dict:
     """The task's ntm-lstm preset architecture, then ``key=value`` overrides (Python literals)."""
-    kwargs = dataclasses.asdict(resolve_config(task_name, "ntm-lstm").model_options())
+    kwargs = dataclasses.asdict(resolve_config(task_name, "ntm-lstm").model_params)
     for item in overrides:
         key, _, value = item.partition("=")
         try:

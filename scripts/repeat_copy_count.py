@@ -27,7 +27,7 @@ def main() -> None:
     parser.add_argument("--units", type=int, default=5)
     args = parser.parse_args()
     ckpt, model = _analysis.load(args.run, "repeat_copy")
-    if ckpt.config.model != "ntm" or ckpt.config.controller != "lstm":
+    if ckpt.config.model != "ntm" or ckpt.config.model_params.controller != "lstm":
         sys.exit(f"error: {args.run} has no LSTM controller in an NTM; this script reads the "
                  f"cell state of one")
     if args.max_repeats <= TRAINED:

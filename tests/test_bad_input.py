@@ -120,7 +120,7 @@ def test_a_dnc_of_one_row_is_not_refused_for_the_ntms_shifts():
     from torch_ntm.presets import resolve_config
 
     config = resolve_config("copy", overrides=["model=dnc", "memory_size=1", "read_heads=1"])
-    assert (config.model, config.memory_size) == ("dnc", 1)
+    assert (config.model, config.model_params.memory_size) == ("dnc", 1)
 
 
 @pytest.mark.parametrize("task, sets, message", [

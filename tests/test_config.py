@@ -6,6 +6,7 @@ import json
 import pytest
 
 from torch_ntm.config import MODEL_KEYS, ConfigError, TrainConfig
+from torch_ntm.dnc import DNCOptions
 from torch_ntm.model import NTMOptions
 from torch_ntm.overrides import apply_overrides
 from torch_ntm.presets import PRESETS, resolve_config
@@ -28,15 +29,17 @@ def test_paper_presets_follow_the_papers_tables():
     paper = resolve_config("copy", "ntm-lstm-paper")
     assert (paper.optimizer, paper.lr, paper.momentum, paper.batch_size) == (
         "rmsprop", 1e-4, 0.9, 1)
-    assert (paper.controller_size, paper.memory_size, paper.memory_width) == (100, 128, 20)
+    model = paper.model_params
+    assert (model.controller_size, model.memory_size, model.memory_width) == (100, 128, 20)
     assert paper.clip_value == 10.0
     lstm = resolve_config("copy", "lstm")
-    assert (lstm.model, lstm.controller_layers, lstm.controller_size) == ("lstm", 3, 256)
+    assert lstm.model == "lstm"
+    assert (lstm.model_params.controller_layers, lstm.model_params.controller_size) == (3, 256)
     # Table 2 (feed-forward controller): heads and controller size per task.
     table2 = {"copy": (1, 100), "repeat_copy": (1, 100), "associative_recall": (4, 256),
               "ngrams": (1, 100), "priority_sort": (8, 512)}
     for task, (heads, size) in table2.items():
-        ff = resolve_config(task, "ntm-ff")
+        ff = resolve_config(task, "ntm-ff").model_params
         assert (ff.controller, ff.controller_layers) == ("feedforward", 1), task
         assert (ff.read_heads, ff.write_heads, ff.controller_size) == (heads, heads, size), task
 
@@ -44,9 +47,9 @@ def test_paper_presets_follow_the_papers_tables():
 def test_the_recall_ntm_lstm_preset_has_rows_of_40_and_the_paper_presets_20():
     # rows of 40 converged 9 of 10 seeds within 150,000 sequences, rows of 20 7 of 10
     # (docs/sweeps/sweep-recall-m40); the paper's table keeps 20
-    assert resolve_config("associative_recall").memory_width == 40
+    assert resolve_config("associative_recall").model_params.memory_width == 40
     for preset in ("ntm-lstm-paper", "ntm-ff"):
-        assert resolve_config("associative_recall", preset).memory_width == 20
+        assert resolve_config("associative_recall", preset).model_params.memory_width == 20
 
 
 def test_overrides_are_parsed_to_the_fields_types():
@@ -54,7 +57,7 @@ def test_overrides_are_parsed_to_the_fields_types():
                                                "task.max_length=5", "max_seconds=1.5"], seed=7)
     assert config.lr == 3e-4 and isinstance(config.lr, float)
     assert config.batch_size == 8 and isinstance(config.batch_size, int)
-    assert config.memory_init == "learned"
+    assert config.model_params.memory_init == "learned" and config.value("memory_init") == "learned"
     assert config.task_params == CopyTask(max_length=5)
     assert config.max_seconds == 1.5
     assert config.seed == 7
@@ -155,12 +158,15 @@ def test_a_prefix_sets_the_tasks_keys_and_errors_show_them_as_given():
         apply_overrides(config, ["width=x"], "--task-set", prefix="task.")
 
 
-def test_config_json_keeps_its_flat_form_with_the_tasks_changed_parameters():
+def test_config_json_nests_the_models_options_and_the_tasks_changed_parameters():
     config = resolve_config("copy", overrides=["task.max_length=5", "task.width=8"])
     data = json.loads(config.to_json())
     assert data["task"] == "copy" and data["task_params"] == {"max_length": 5}  # 8: default
-    assert data["max_beta"] == 0.0 and data["max_gamma"] == 0.0  # 0, not null: unbounded
-    assert {f.name for f in dataclasses.fields(NTMOptions)} <= set(data)
+    assert data["model"] == "ntm"
+    assert data["model_params"] == dataclasses.asdict(NTMOptions())  # all of them
+    assert data["model_params"]["max_beta"] is None  # null: the paper's unbounded strength
+    assert not set(data) & set(data["model_params"])  # the model's keys only there
+    assert TrainConfig.from_dict(data) == config
 
 
 def test_an_old_flat_config_loads_and_gives_the_same_model_options():
@@ -172,8 +178,17 @@ def test_an_old_flat_config_loads_and_gives_the_same_model_options():
            "shift_range": 1, "memory_init": "constant", "engine": "compiled", "lr": 0.003}
     config = TrainConfig.from_dict(old)
     assert config.task_params == RepeatCopyTask(max_repeats=4)
-    assert config.model_options() == NTMOptions(controller_size=50, memory_size=64)
+    assert config.model_params == NTMOptions(controller_size=50, memory_size=64)
     assert json.loads(config.to_json())["task_params"] == {"max_repeats": 4}
+    # a flat config held every model's keys: those of another model are left out, unused
+    dnc = TrainConfig.from_dict({**old, "model": "dnc", "sparse_link": 0, "usage_decay": 0.9})
+    assert dnc.model_params == DNCOptions(controller_size=50, memory_size=64, memory_width=20,
+                                          read_heads=1)
+    with pytest.raises(ConfigError, match=r"^config: model_params: unknown key\(s\) shift_range "
+                                          r"for model=dnc; valid keys: controller, "):
+        TrainConfig.from_dict({"model": "dnc", "model_params": {"shift_range": 1}})
+    with pytest.raises(ConfigError, match=r"^config: memory_size must be int, got '8'"):
+        TrainConfig.from_dict({"model_params": {"memory_size": "8"}})
     with pytest.raises(ConfigError, match=r"^config: unknown parameter\(s\) colour for task "
                                           r"'copy'; valid parameters: width, min_length"):
         TrainConfig.from_dict({"task": "copy", "task_params": {"colour": 1}})
@@ -184,8 +199,9 @@ def test_an_old_flat_config_loads_and_gives_the_same_model_options():
 
 def test_model_options_come_from_ntm_options_with_0_for_an_unbounded_cap():
     config = resolve_config("copy", overrides=["controller_size=7", "max_gamma=3"])
-    assert config.model_options() == NTMOptions(controller_size=7, max_gamma=3.0)
-    assert isinstance(config, NTMOptions)
+    assert config.model_params == NTMOptions(controller_size=7, max_gamma=3.0)
+    assert resolve_config("copy", overrides=["max_gamma=0"]).model_params.max_gamma is None
+    assert resolve_config("copy", overrides=["max_gamma=none"]).model_params.max_gamma is None
     with pytest.raises(ConfigError, match=r"the model cannot be built from this config: "
                                           r"read_heads must be an integer >= 1, got 0"):
         resolve_config("copy", overrides=["read_heads=0"])
@@ -244,15 +260,18 @@ def test_every_registered_model_is_built_from_its_entry_and_its_keys():
 
     assert set(MODELS) == {"ntm", "lstm", "mann", "dnc"}
     for name, entry in MODELS.items():
-        config = TrainConfig(task="copy", model=name, controller_size=7, memory_size=16)
+        config = TrainConfig(task="copy", model=name).replaced(controller_size=7)
+        if entry.memory:
+            config = config.replaced(memory_size=16)
         config.check()
+        assert type(config.model_params) is entry.options
         model = build_model(config, config.task_params)
         assert type(model) is entry.cls
         assert MODEL_KEYS[name] == entry.config_keys()
         if entry.memory:
-            assert model.options == entry.options_of(config)
+            assert model.options == config.model_params
             assert type(config._meta_model(16)) is entry.cls
         else:
             assert config._meta_model(16) is None and model.hidden_size == 7
-    assert MODELS["ntm"].options_of(TrainConfig(max_beta=0.0)).max_beta is None
-    assert MODELS["dnc"].options_of(TrainConfig(sparse_link=0)).sparse_link is None
+    assert MODELS["ntm"].params({"max_beta": 0.0}).max_beta is None
+    assert MODELS["dnc"].params({"sparse_link": 0}).sparse_link is None

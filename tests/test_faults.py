@@ -155,6 +155,7 @@ def test_a_missing_or_null_hash_is_an_error_not_a_skipped_check(run, key, value)
         ckpt.restore_train_state(_optimizer(ckpt))
 
 
+@pytest.mark.slow  # a Python process, 5 s in CI
 def test_a_fifo_or_device_as_weights_is_refused_without_hanging(run, tmp_path):
     record = json.loads((run / "checkpoint.json").read_text())
     weights = run / record["weights"]

@@ -180,7 +180,7 @@ def test_trains_from_the_command_line(tmp_path, capsys):
     assert main(["train", "omniglot", *sets, "--out", str(run_dir), "--no-progress",
                  "--no-plots"]) == 0
     checkpoint = load_checkpoint(run_dir)
-    assert checkpoint.config.encoder == "conv"
+    assert checkpoint.config.model_params.encoder == "conv"
     assert "features.convs.1.weight" in checkpoint.state_dict
     capsys.readouterr()
     assert main(["evaluate", str(run_dir), "--sequences", "16"]) == 0

@@ -132,7 +132,7 @@ def test_the_15_class_preset_is_the_papers_episodes_with_string_labels():
     differs = {f for f in ("max_sequences", "lr_milestones", "task_params")
                if getattr(config, f) != getattr(mann, f)}
     assert differs == {"max_sequences", "lr_milestones", "task_params"}
-    assert all(getattr(config, f) == getattr(mann, f) for f in (
+    assert all(config.value(f) == mann.value(f) for f in (
         "model", "controller_size", "memory_size", "memory_width", "read_heads", "learned_beta",
         "lr", "lr_decay", "weight_decay", "ema_decay", "batch_size"))
     x = task.sample(2, torch.Generator().manual_seed(0)).inputs

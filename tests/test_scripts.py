@@ -37,6 +37,7 @@ def _evaluated(name: str):
     return load_checkpoint(pretrained.path(name)).model(evaluation=True).eval()
 
 
+@pytest.mark.slow  # a Python process each, ~5 s in CI
 @pytest.mark.parametrize("script", ["sort_precision.py", "repeat_copy_loops.py",
                                     "repeat_copy_count.py", "recall_errors.py",
                                     "graph_errors.py"])
@@ -192,6 +193,7 @@ def test_profile_step_splits_a_native_step():
         assert float(parts["native forward call"]) > 0 and float(parts["native backward call"]) > 0
 
 
+@pytest.mark.slow  # 9 s in CI
 def test_heads_bench_times_the_library_heads():
     from torch_ntm.engines import library
 

@@ -93,10 +93,12 @@ def test_checkpoints_from_before_the_caps_load_unbounded(tmp_path):
     save_checkpoint(tmp_path, config, model, make_optimizer(config, model.parameters()),
                     torch.Generator(), step=1, sequences=1, elapsed_s=0.0, metrics={}, extra={})
     record = json.loads((tmp_path / "checkpoint.json").read_text())
-    del record["config"]["max_beta"], record["config"]["max_gamma"]  # as an older version wrote
+    # as an older version wrote it: flat, without the caps
+    flat = record["config"].pop("model_params")
+    record["config"].update({k: v for k, v in flat.items() if k not in ("max_beta", "max_gamma")})
     (tmp_path / "checkpoint.json").write_text(json.dumps(record))
     ckpt = load_checkpoint(tmp_path)
-    assert ckpt.config.max_gamma == 0.0 and ckpt.model().max_gamma is None
+    assert ckpt.config.model_params.max_gamma is None and ckpt.model().max_gamma is None
 
 
 # --------------------------------------------------------------------------------------------

@@ -133,7 +133,7 @@ def test_train_refuses_to_resume_a_run_with_a_setting_it_cannot_change(tmp_path)
     train(config, tmp_path / "run", progress=False)
     before = (tmp_path / "run" / "config.json").read_text()
     for change in ({"batch_size": 4}, {"seed": 1}, {"controller_size": 16}):
-        other = dataclasses.replace(config, max_sequences=16, **change)
+        other = config.replaced(max_sequences=16, **change)
         with pytest.raises(ConfigError, match=f"cannot change {next(iter(change))}; only "):
             train(other, tmp_path / "run", resume=True, progress=False)
     assert (tmp_path / "run" / "config.json").read_text() == before
@@ -415,7 +415,7 @@ def test_init_from_that_does_not_fit_is_refused_before_a_run_directory_is_made(t
     tiny = [*ROLLBACK_TINY, "max_sequences=2"]
     train(resolve_config("copy", overrides=tiny), tmp_path / "a", progress=False)
     sets = [a for o in tiny for a in ("--set", o)]
-    size = resolve_config("copy", overrides=tiny).controller_size
+    size = resolve_config("copy", overrides=tiny).model_params.controller_size
     cases = [
         (["--set", "controller_size=9", "--set", f"init_from={tmp_path / 'a'}"],
          f"{tmp_path / 'a'}/checkpoint.json: weights do not fit this model configuration"),
@@ -841,3 +841,35 @@ def test_a_resume_keeps_the_tensorboard_points_before_it(tmp_path):
     events = EventAccumulator(str(run / "tb"))
     events.Reload()
     assert [e.step for e in events.Scalars("train/cost_bits")] == logged
+
+
+def test_a_run_saved_with_the_flat_config_of_earlier_versions_resumes_as_if_uninterrupted(
+        tmp_path):
+    """Before the model's options were nested (``model_params``), checkpoint.json and config.json
+    held every model's keys at the top level, the caps as 0: such a run resumes and ends where
+    one that never stopped ends."""
+    import json
+
+    from torch_ntm.checkpoint import CHECKPOINT_JSON, load_checkpoint
+    from torch_ntm.config import MODEL_DEFAULTS
+
+    config = resolve_config("copy", overrides=[*ROLLBACK_TINY, "max_sequences=4"])
+    train(config, tmp_path / "old", progress=False)
+    for name in (CHECKPOINT_JSON, "config.json"):
+        path = tmp_path / "old" / name
+        record = json.loads(path.read_text())
+        data = record["config"] if name == CHECKPOINT_JSON else record
+        nested = data.pop("model_params")
+        data.update({**MODEL_DEFAULTS, "sparse_link": 0, **nested, "max_beta": 0.0,
+                     "max_gamma": 0.0})
+        path.write_text(json.dumps(record))
+    assert "memory_size" in json.loads((tmp_path / "old" / "config.json").read_text())
+    assert load_checkpoint(tmp_path / "old").config == config
+    longer = config.replaced(max_sequences=8)
+    train(longer, tmp_path / "old", resume=True, progress=False)
+    train(longer, tmp_path / "straight", progress=False)
+    old, straight = (load_checkpoint(tmp_path / run) for run in ("old", "straight"))
+    assert old.sequences == straight.sequences == 8
+    resumed = old.model(latest=True).state_dict()
+    for name, weight in straight.model(latest=True).state_dict().items():
+        torch.testing.assert_close(resumed[name], weight, rtol=0, atol=0)

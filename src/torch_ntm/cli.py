@@ -259,7 +259,7 @@ def _config_line(config, saved, run_dir: Path) -> str:
 
     if saved is None:
         return f"config: {config.to_json()}"
-    changed = ", ".join(f"{key}={getattr(config, key)!r} (was {getattr(saved, key)!r})"
+    changed = ", ".join(f"{key}={config.value(key)!r} (was {saved.value(key)!r})"
                         for key in differing_keys(saved, config))
     return f"config: the run's own ({run_dir / 'config.json'})" + (
         f", with {changed}" if changed else "")
@@ -365,7 +365,7 @@ def _print_generalisation(ckpt) -> None:
         _print_episodes(evaluate_episodes(model, task), task)
         return
     rows = evaluate_sizes(model, task, task.eval_sizes)
-    rows_of = ckpt.config.eval_memory_size or ckpt.config.memory_size
+    rows_of = ckpt.config.eval_memory_size or getattr(ckpt.config.model_params, "memory_size", 0)
     print(f"generalisation ({task.size_name}, trained up to {task.train_size}; memory "
           f"{rows_of} rows):")
     print(format_table(rows))

@@ -2,9 +2,12 @@
 
 A run is fully described by a `TrainConfig`; it is printed at the start of a run and saved with
 every checkpoint, so evaluation needs nothing else. The presets are in `torch_ntm.presets`, the
-``--set key=value`` parser in `torch_ntm.overrides`. The model's keys are those of
-`torch_ntm.model.NTMOptions`; the task's parameters are the task's own dataclass in
-`torch_ntm.tasks`, nested in the config and set with dotted keys: ``--set task.max_length=30``.
+``--set key=value`` parser in `torch_ntm.overrides`. The model's keys are the fields of its own
+options dataclass (`torch_ntm.model.NTMOptions`, `torch_ntm.mann.MANNOptions`,
+`torch_ntm.dnc.DNCOptions`, `torch_ntm.registry.LSTMOptions`), nested in the config as
+``model_params`` and set by their names: ``--set memory_size=64``. The task's parameters are the
+task's own dataclass in `torch_ntm.tasks`, nested likewise and set with dotted keys: ``--set
+task.max_length=30``.
 """
 
 from __future__ import annotations
@@ -12,21 +15,23 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import types
 import typing
 from dataclasses import dataclass, field
+from types import MappingProxyType
 
 from torch_ntm.dnc import DNCOptions
 from torch_ntm.engines import ENGINES, LEGACY_ENGINES
 from torch_ntm.mann import MANNOptions
 from torch_ntm.model import NTMOptions
-from torch_ntm.registry import MODELS
+from torch_ntm.registry import MODELS, LSTMOptions
 from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
     "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
     "check_data_size", "check_set_size", "check_state_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
-    "check_resume", "list_kind", "MODELS", "MODEL_KEYS", "OPTIMIZERS", "RESUMABLE",
-    "differing_keys",
+    "check_resume", "list_kind", "MODELS", "MODEL_DEFAULTS", "MODEL_KEYS", "OPTIMIZERS",
+    "RESUMABLE", "differing_keys", "model_params",
 ]
 
 # The models a config can train (`torch_ntm.registry.MODELS`): an `NTM`, the paper's LSTM
@@ -34,6 +39,21 @@ __all__ = [
 # The config keys that shape each model (its options' fields): a key of another model's only
 # is refused when set (`torch_ntm.overrides.apply_overrides`), rather than ignored and recorded.
 MODEL_KEYS = {name: entry.config_keys() for name, entry in MODELS.items()}
+_ANY_MODEL_KEY = frozenset().union(*MODEL_KEYS.values())
+# A config's value of each model key where it gives none: the NTM's default for the keys the
+# models share (a DNC configured on copy has the copy NTM's controller and memory, as the flat
+# configs of earlier versions had), and each model's own default for its own keys.
+MODEL_DEFAULTS = MappingProxyType({
+    key: value for options in (LSTMOptions, DNCOptions, MANNOptions, NTMOptions)
+    for key, value in dataclasses.asdict(options()).items()})
+
+
+def model_params(model: str, values: dict | None = None) -> object:
+    """The options of ``model`` (a name in `MODELS`) from config values by key: ``values``'
+    own keys, `MODEL_DEFAULTS` for the rest (another model's keys are left out)."""
+    return MODELS[model].params({**MODEL_DEFAULTS, **(values or {})})
+
+
 OPTIMIZERS = ("rmsprop", "adam")  # the paper's, and Adam (`torch_ntm.train.make_optimizer`)
 
 
@@ -42,16 +62,13 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig(NTMOptions):
+class TrainConfig:
     """Everything that defines a training run.
 
-    The model fields are those of `NTMOptions` (the `NTM` constructor arguments); ``model="lstm"``
-    trains the LSTM baseline of the paper instead (``controller_size`` units x
-    ``controller_layers`` layers), ``model="mann"`` a `torch_ntm.mann.MANN` with
-    ``controller_size``, ``memory_size``, ``memory_width``, ``read_heads`` (one write head each)
-    and the MANN-only keys below (`MANNOptions`), and ``model="dnc"`` a `torch_ntm.dnc.DNC` with
-    ``controller``, ``controller_size``, ``controller_layers``, ``memory_size``, ``memory_width``
-    (the DNC's W), ``read_heads``, ``write_heads`` and ``sparse_link`` (`DNCOptions`).
+    ``model`` names the model (`torch_ntm.registry.MODELS`): ``"ntm"`` an `NTM`, ``"lstm"`` the
+    paper's LSTM baseline (``controller_size`` units x ``controller_layers`` layers), ``"mann"``
+    a `torch_ntm.mann.MANN` and ``"dnc"`` a `torch_ntm.dnc.DNC`; ``model_params`` is its options
+    dataclass, whose fields are config keys (``--set memory_size=64``).
     """
 
     task: str = "copy"  # a name in `torch_ntm.tasks.TASKS`
@@ -59,22 +76,15 @@ class TrainConfig(NTMOptions):
     # set as task.KEY. A dict of parameters (as config.json holds them) is turned into one.
     task_params: Task | dict = field(default_factory=dict)
     preset: str = "ntm-lstm"
-    # Model: the fields of `NTMOptions`, and these. The soft caps of beta and gamma are 0 for
-    # None (unbounded: the paper's softplus and 1 + softplus), as config.json has always held them.
     model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline), "mann" or "dnc"
-    max_beta: float = 0.0
-    max_gamma: float = 0.0
+    # The model's options: `NTMOptions`, `LSTMOptions`, `MANNOptions` or `DNCOptions`, as
+    # ``model``. A dict of them (as config.json holds it) is turned into one, the keys it lacks
+    # from `MODEL_DEFAULTS`.
+    model_params: NTMOptions | LSTMOptions | MANNOptions | DNCOptions | dict = field(
+        default_factory=dict)
     # The model's engine (`torch_ntm.engines`): "auto" (the fastest that can serve the call),
     # "native", "graphs" or "eager"; the same function on each. The LSTM baseline ignores it.
     engine: str = "auto"
-    # MANN only (the fields of `MANNOptions` that `NTMOptions` lacks; see `torch_ntm.mann.MANN`).
-    usage_decay: float = MANNOptions.usage_decay
-    write_vector: str = MANNOptions.write_vector
-    learned_beta: bool = MANNOptions.learned_beta
-    encoder: str = MANNOptions.encoder  # "conv", "conv+pixels": convolutions over each image
-    image_size: int = MANNOptions.image_size  # its side (the first image_size ** 2 values)
-    # DNC only: K of the sparse temporal link matrix (the paper's approximation); 0: the exact one.
-    sparse_link: int = 0
     # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
     lr: float = 1e-4
@@ -178,19 +188,28 @@ class TrainConfig(NTMOptions):
     def __post_init__(self) -> None:
         if isinstance(self.task_params, dict) and isinstance(self.task, str):  # else: `check`
             self.task_params = make_task(self.task, **self.task_params)
+        if isinstance(self.model_params, dict) and self.model in MODELS:  # else: `check`
+            self.model_params = model_params(self.model, self.model_params)
 
-    def model_options(self) -> NTMOptions:
-        """The NTM this config describes (a cap of 0 is None: unbounded)."""
-        return MODELS["ntm"].options_of(self)
+    def replaced(self, **values) -> TrainConfig:
+        """This config with ``values`` by key as ``--set`` names them (not checked): its fields,
+        and the model's options (``memory_size=64``); with a new ``model``, options of that
+        model, keeping the values of the keys the two share."""
+        options = {key: values.pop(key) for key in list(values) if key in _ANY_MODEL_KEY}
+        model = values.get("model", self.model)
+        if (options or model != self.model) and model in MODELS:  # else: `check` says so
+            values["model_params"] = model_params(
+                model, {**dataclasses.asdict(self.model_params), **options})
+        return dataclasses.replace(self, **values)
 
-    def mann_options(self) -> MANNOptions:
-        """The MANN this config describes (with ``model="mann"``)."""
-        return MODELS["mann"].options_of(self)
-
-    def dnc_options(self) -> DNCOptions:
-        """The DNC this config describes (with ``model="dnc"``; a ``sparse_link`` of 0 is None:
-        the exact link matrix)."""
-        return MODELS["dnc"].options_of(self)
+    def value(self, key: str):
+        """The value of config key ``key`` as ``--set`` names it: a field, one of the model's
+        options (``memory_size``) or of the task's parameters (``task.max_length``)."""
+        if key in MODEL_KEYS.get(self.model, ()):
+            return getattr(self.model_params, key)
+        if key.startswith("task."):
+            return getattr(self.task_params, key.removeprefix("task."))
+        return getattr(self, key)
 
     def _meta_model(self, memory_size: int):
         """The model this config describes with ``memory_size`` rows, on the meta device (its
@@ -203,8 +222,9 @@ class TrainConfig(NTMOptions):
                          **{**entry.arguments(self), "memory_size": memory_size})
 
     def to_dict(self) -> dict:
-        """The config as config.json holds it: flat, but for ``task_params``, the task's
-        parameters that differ from their defaults."""
+        """The config as config.json holds it: its keys, the model's options (``model_params``,
+        all of them; None as null) and the task's parameters that differ from their defaults
+        (``task_params``)."""
         data = dataclasses.asdict(self)
         task, default = self.task_params, type(self.task_params)()
         data["task_params"] = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)
@@ -267,19 +287,33 @@ class TrainConfig(NTMOptions):
 
     @classmethod
     def from_dict(cls, data: dict, source: str = "config") -> "TrainConfig":
-        """The config that `to_dict` gave, checked."""
+        """The config that `to_dict` gave, checked. The model's keys may stand at the top level
+        too (the flat config.json of earlier versions, a preset's keys): those of the config's
+        model go into its ``model_params``; those of the other models only, which such a file
+        holds for every model, are left out."""
+        data = dict(data)
+        flat = {key: data.pop(key) for key in list(data) if key in _ANY_MODEL_KEY}
+        nested = data.get("model_params", {})
+        model = data.get("model", TrainConfig.model)
+        if isinstance(nested, dict) and model in MODELS:
+            own = MODEL_KEYS[model]
+            unknown = sorted(set(nested) - own)
+            if unknown:
+                raise ConfigError(f"{source}: model_params: unknown key(s) {', '.join(unknown)} "
+                                  f"for model={model}; valid keys: {', '.join(sorted(own))}")
+            data["model_params"] = {**{k: v for k, v in flat.items() if k in own}, **nested}
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
             raise ConfigError(
                 f"{source}: unknown key(s) {', '.join(unknown)}; "
-                f"valid keys: {', '.join(sorted(valid))}"
+                f"valid keys: {', '.join(sorted(valid | _ANY_MODEL_KEY))}"
             )
         if data.get("engine") in LEGACY_ENGINES:  # a config of an earlier version
             data = {**data, "engine": "auto"}
         try:
             config = cls(**data)
-        except ValueError as e:  # the task rejects its name or parameters
+        except (TypeError, ValueError) as e:  # the task or model rejects its name or parameters
             raise ConfigError(f"{source}: {e}") from None
         config.check(source)
         return config
@@ -289,18 +323,25 @@ class TrainConfig(NTMOptions):
         range, or is not one of the key's choices."""
         hints = typing.get_type_hints(TrainConfig)
         for f in dataclasses.fields(self):
-            if f.name != "task_params":  # a task checks its parameters when it is made
+            if f.name not in ("task_params", "model_params"):  # checked below
                 _check_type(f.name, getattr(self, f.name), hints[f.name], source)
         if type(self.task_params) is not TASKS.get(self.task):
             raise ConfigError(f"{source}: task_params must be the parameters of task "
                               f"{self.task!r}, got {self.task_params!r}")
+        self.check_choices(source)
+        options = MODELS[self.model].options
+        if type(self.model_params) is not options:
+            raise ConfigError(f"{source}: model_params must be the options of model "
+                              f"{self.model!r} ({options.__name__}), got {self.model_params!r}")
+        option_hints = typing.get_type_hints(options)
+        for f in dataclasses.fields(options):
+            _check_type(f.name, getattr(self.model_params, f.name), option_hints[f.name], source)
         for key, (test, wanted) in _RANGES.items():
             value = getattr(self, key)
             if not test(value):
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
-        self.check_choices(source)
         try:  # the options of the model it builds (a DNC has no shift_range to fit its rows)
-            MODELS[self.model].check(self)
+            self.model_params.checked()
         except ValueError as e:
             raise ConfigError(f"the model cannot be built from this config: {e}") from None
         for what, kind in (("held_out", "held-out data (evaluation)"),
@@ -320,19 +361,8 @@ class TrainConfig(NTMOptions):
                                   f"it empty")
         self._check_pairs_and_keeping(source)
         self._check_input_max_norm(source)
-        check_memory_size(self.memory_size, self.memory_width, self.batch_size, source)
-        check_memory_size(self.eval_memory_size, self.memory_width, 64, source,
-                          key="eval_memory_size")
-        for rows, key in ((self.memory_size, "memory_size"),
-                          (self.eval_memory_size, "eval_memory_size")):
-            if rows:
-                try:  # built on the meta device: its sizes, checked before any run folder
-                    model = self._meta_model(rows)
-                except ValueError as e:  # e.g. one sequence's state too large, an encoder
-                    where = "" if key == "memory_size" else f" with {key}={rows}"
-                    raise ConfigError(f"{source}: the model cannot be built from this "
-                                      f"config{where}: {e}") from None
-                check_state_size(model, self.batch_size, source, key)
+        if MODELS[self.model].memory:
+            self._check_memory(source)
         check_sequence_steps(self, source)
         check_data_size(self, source)
         drawable = getattr(self.task_params, "check_drawable", None)
@@ -355,6 +385,25 @@ class TrainConfig(NTMOptions):
             except ValueError as e:
                 raise ConfigError(f"{source}: curriculum_start={start} is not a size of this "
                                   f"task: {e}") from None
+
+    def _check_memory(self, source: str) -> None:
+        """The memory's size, and the model's state, at ``memory_size`` and
+        ``eval_memory_size`` rows: built on the meta device (its sizes, no memory), before any
+        run folder."""
+        params = self.model_params
+        check_memory_size(params.memory_size, params.memory_width, self.batch_size, source)
+        check_memory_size(self.eval_memory_size, params.memory_width, 64, source,
+                          key="eval_memory_size")
+        for rows, key in ((params.memory_size, "memory_size"),
+                          (self.eval_memory_size, "eval_memory_size")):
+            if rows:
+                try:
+                    model = self._meta_model(rows)
+                except ValueError as e:  # e.g. one sequence's state too large, an encoder
+                    where = "" if key == "memory_size" else f" with {key}={rows}"
+                    raise ConfigError(f"{source}: the model cannot be built from this "
+                                      f"config{where}: {e}") from None
+                check_state_size(model, self.batch_size, source, key)
 
     def _check_pairs_and_keeping(self, source: str) -> None:
         """The forms of ``eval_pairs``, ``keep_by`` and ``keep_perfect_above``, and that the
@@ -598,10 +647,14 @@ RESUMABLE = frozenset({"max_sequences", "max_seconds", "eval_every", "log_every"
 
 
 def differing_keys(a: TrainConfig, b: TrainConfig) -> list[str]:
-    """The keys in which ``a`` and ``b`` differ, as ``--set`` names them: the task's as
-    ``task.KEY`` (``task_params`` itself only where the two configs have different tasks)."""
-    keys = [f.name for f in dataclasses.fields(a)
-            if f.name != "task_params" and getattr(a, f.name) != getattr(b, f.name)]
+    """The keys in which ``a`` and ``b`` differ, as ``--set`` names them: the model's options by
+    their names (where the two have one model), the task's as ``task.KEY`` (``task_params``
+    itself only where the two configs have different tasks)."""
+    keys = [f.name for f in dataclasses.fields(a) if f.name not in ("task_params", "model_params")
+            and getattr(a, f.name) != getattr(b, f.name)]
+    if type(a.model_params) is type(b.model_params):
+        keys += [f.name for f in dataclasses.fields(a.model_params)
+                 if getattr(a.model_params, f.name) != getattr(b.model_params, f.name)]
     if type(a.task_params) is not type(b.task_params):
         return [*keys, "task_params"]
     return keys + [f"task.{f.name}" for f in dataclasses.fields(a.task_params)
@@ -640,6 +693,11 @@ def _pair(item: str) -> tuple[int, int] | None:
 
 
 def _check_type(name: str, value, expected, source: str) -> None:
+    args = typing.get_args(expected)
+    if typing.get_origin(expected) in (typing.Union, types.UnionType) and type(None) in args:
+        if value is None:  # an optional option's None
+            return
+        expected = next(a for a in args if a is not type(None))
     if typing.get_origin(expected) is list:  # list[int]
         least, kind = list_kind(name)
         if not isinstance(value, list) or not all(

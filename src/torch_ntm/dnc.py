@@ -185,8 +185,9 @@ class DNC(SequenceModel, _DNCBase):
         memory_width: W, width of a memory row (default 16).
         read_heads: R, read heads (default 4); each has a key, a strength, a free gate and a
             read mode.
-        write_heads: Hw, write heads (default 1, as in the paper); each has its own key, strength, erase and
-            write vectors, allocation and write gates, precedence and link matrix.
+        write_heads: Hw, write heads (default 1, as in the paper); each has its own key,
+            strength, erase and write vectors, allocation and write gates, precedence and link
+            matrix.
         sparse_link: None (default) for the exact N x N link matrix; K for the paper's sparse
             approximation, keeping the K largest entries of the write weighting and precedence
             (`torch_ntm.dnc_functional.sparse_link`). A sequence carries the link K entries a

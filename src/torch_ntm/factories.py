@@ -64,7 +64,7 @@ def build_model(config: TrainConfig, task, device=None, **overrides) -> nn.Modul
     entry = MODELS[kwargs.pop("kind")]
     try:
         if not entry.memory:
-            unused = set(overrides) - set(entry.keys.values())
+            unused = set(overrides) - set(entry.renamed.values())
             if unused:
                 raise ConfigError(f"{entry.title} has no {', '.join(sorted(unused))}")
             return entry.cls(**kwargs, device=device)

@@ -13,6 +13,7 @@ import types
 import typing
 
 from torch_ntm.config import MODEL_KEYS, ConfigError, TrainConfig, list_kind
+from torch_ntm.registry import MODELS
 
 __all__ = ["apply_overrides", "override_keys"]
 
@@ -77,22 +78,30 @@ def override_keys(overrides: list[str], option: str = "--set") -> set[str]:
     return {_split(item, option)[0] for item in overrides}
 
 
+# The model keys (the fields of every model's options) and the type of each.
+_MODEL_HINTS = {key: hint for entry in MODELS.values()
+                for key, hint in typing.get_type_hints(entry.options).items()}
+
+
 def _keys(obj) -> dict[str, str]:
     """The keys of a `TrainConfig` or a task that ``--set`` may give, and the field of each:
-    every field, but a config's ``task`` names its task's parameters (``task.max_length``), and
-    its task and preset themselves are chosen on the command line."""
+    every field, but a config's ``task`` names its task's parameters (``task.max_length``), its
+    task and preset themselves are chosen on the command line, and its model's options are keys
+    of their own (``memory_size``: every model's, refused afterwards where they do not apply)."""
     keys = {f.name: f.name for f in dataclasses.fields(obj)}
     if isinstance(obj, TrainConfig):
-        del keys["task_params"], keys["preset"]
+        del keys["task_params"], keys["preset"], keys["model_params"]
         keys["task"] = "task_params"
+        keys.update({key: key for key in _MODEL_HINTS})
     return keys
 
 
 def _valid_keys(obj, group: str) -> str:
     """The keys of ``obj`` as ``--set`` gives them, inside ``group`` (e.g. ``"task."``)."""
     keys = _keys(obj)
-    return ", ".join(group + key + (".<key>" if dataclasses.is_dataclass(getattr(obj, keys[key]))
-                                    else "") for key in sorted(keys))
+    nested = {key for key, name in keys.items()
+              if dataclasses.is_dataclass(getattr(obj, name, None))}
+    return ", ".join(group + key + (".<key>" if key in nested else "") for key in sorted(keys))
 
 
 def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
@@ -107,7 +116,13 @@ def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
         if name not in keys:
             raise ConfigError(f"{option} {path}: unknown key; valid keys: "
                               f"{_valid_keys(obj, path[: len(path) - len(name)])}")
-        value, last = getattr(obj, keys[name]), depth == len(names) - 1
+        last = depth == len(names) - 1
+        if obj is config and name in _MODEL_HINTS:  # one of the model's options
+            if not last:
+                raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
+            changes[name] = _parse_value(text, _MODEL_HINTS[name], path, option)
+            return
+        value = getattr(obj, keys[name])
         if dataclasses.is_dataclass(value):
             if last:
                 raise ConfigError(f"{option} {path}: holds keys, not a value; valid keys: "
@@ -122,11 +137,14 @@ def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
 
 def _replace(obj, changes: dict, name: str = "config"):
     """``obj`` with the ``changes`` that `_parse` gave made to it; a nested dataclass (a task)
-    is rebuilt once with all of its changes, and checks them together."""
+    is rebuilt once with all of its changes, and checks them together; a config's model options
+    by `TrainConfig.replaced`."""
     keys = _keys(obj)
     values = {keys[key]: _replace(getattr(obj, keys[key]), change, key)
               if isinstance(change, dict) else change for key, change in changes.items()}
     try:
+        if isinstance(obj, TrainConfig):
+            return obj.replaced(**values)
         return dataclasses.replace(obj, **values)
     except ValueError as e:  # a task rejects its parameters
         raise ConfigError(f"the {name} cannot be built from this config: {e}") from None
@@ -156,7 +174,7 @@ def _check_applies(config: TrainConfig, changes: dict, option: str) -> None:
     sparse_link=4`` on an NTM), which would be ignored and written to config.json."""
     shaping = frozenset().union(*MODEL_KEYS.values())
     for key in changes:
-        if key in shaping and key not in MODEL_KEYS[config.model]:
+        if key in shaping and key not in MODEL_KEYS.get(config.model, shaping):
             others = [name for name, keys in MODEL_KEYS.items() if key in keys]
             raise ConfigError(f"{option} {key}: applies to model={' or '.join(others)}, not "
                               f"{config.model}; drop it, or set model too")

@@ -407,8 +407,8 @@ def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
         """(ours' value of ``key``, theirs, ours with that key set to theirs)."""
         name = key.removeprefix("task.")
         if name == key:
-            other = getattr(theirs, key)
-            return getattr(ours, key), other, dataclasses.replace(ours, **{key: other})
+            other = theirs.value(key)
+            return ours.value(key), other, ours.replaced(**{key: other})
         other = getattr(theirs.task_params, name)
         task = dataclasses.replace(ours.task_params, **{name: other})
         return getattr(ours.task_params, name), other, dataclasses.replace(ours, task_params=task)
