@@ -635,7 +635,8 @@ def test_ntm_train_trains_a_dnc_that_evaluate_and_plot_read_back(tmp_path, capsy
                 "--set", "eval_sequences=64", "--set", "max_sequences=1200"]
     assert main(["train", "copy", "--out", str(run), *settings]) == 0
     config = json.loads((run / "config.json").read_text())
-    assert config["model"] == "dnc" and config["sparse_link"] == 0
+    assert config["model"] == "dnc" and config["model_params"]["sparse_link"] is None
+    assert "shift_range" not in config["model_params"]  # the NTM's key: not a DNC's
     costs = [float(r["cost_bits"]) for r in read_metrics(run / "metrics.csv", "val")]
     assert len(costs) == 3 and costs[0] > costs[1] > costs[2] and costs[2] < 0.9 * costs[0]
     assert {p.name for p in (run / "figures").iterdir()} >= {

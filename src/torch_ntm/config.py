@@ -44,8 +44,9 @@ _ANY_MODEL_KEY = frozenset().union(*MODEL_KEYS.values())
 # models share (a DNC configured on copy has the copy NTM's controller and memory, as the flat
 # configs of earlier versions had), and each model's own default for its own keys.
 MODEL_DEFAULTS = MappingProxyType({
-    key: value for options in (LSTMOptions, DNCOptions, MANNOptions, NTMOptions)
-    for key, value in dataclasses.asdict(options()).items()})
+    **{key: value for entry in MODELS.values()
+       for key, value in dataclasses.asdict(entry.options()).items()},
+    **dataclasses.asdict(NTMOptions())})
 
 
 def model_params(model: str, values: dict | None = None) -> object:
