@@ -204,7 +204,7 @@ def main() -> None:
                    help="train nothing: report the seeds from OUT/**/seed-S.csv")
     args = p.parse_args()
     if args.lr is None:
-        args.lr = resolve_config(args.task, "ntm-lstm").lr
+        args.lr = resolve_config(args.task, "ntm-lstm").optim.lr
     torch.set_num_threads(args.threads)
     if args.cosine_eps is not None:  # ablation: the cosine similarity's epsilon
         import torch_ntm.functional

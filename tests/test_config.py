@@ -27,11 +27,11 @@ def test_every_task_has_the_four_presets_and_they_resolve():
 
 def test_paper_presets_follow_the_papers_tables():
     paper = resolve_config("copy", "ntm-lstm-paper")
-    assert (paper.optimizer, paper.lr, paper.momentum, paper.batch_size) == (
+    assert (paper.optim.optimizer, paper.optim.lr, paper.optim.momentum, paper.batch_size) == (
         "rmsprop", 1e-4, 0.9, 1)
     model = paper.model_params
     assert (model.controller_size, model.memory_size, model.memory_width) == (100, 128, 20)
-    assert paper.clip_value == 10.0
+    assert paper.optim.clip_value == 10.0
     lstm = resolve_config("copy", "lstm")
     assert lstm.model == "lstm"
     assert (lstm.model_params.controller_layers, lstm.model_params.controller_size) == (3, 256)
@@ -55,7 +55,7 @@ def test_the_recall_ntm_lstm_preset_has_rows_of_40_and_the_paper_presets_20():
 def test_overrides_are_parsed_to_the_fields_types():
     config = resolve_config("copy", overrides=["lr=3e-4", "batch_size=8", "memory_init=learned",
                                                "task.max_length=5", "max_seconds=1.5"], seed=7)
-    assert config.lr == 3e-4 and isinstance(config.lr, float)
+    assert config.optim.lr == 3e-4 and isinstance(config.optim.lr, float)
     assert config.batch_size == 8 and isinstance(config.batch_size, int)
     assert config.model_params.memory_init == "learned" and config.value("memory_init") == "learned"
     assert config.task_params == CopyTask(max_length=5)
@@ -208,7 +208,8 @@ def test_model_options_come_from_ntm_options_with_0_for_an_unbounded_cap():
 
 
 def test_a_curriculum_must_start_at_a_size_of_the_task():
-    assert resolve_config("associative_recall", overrides=["curriculum_start=3"]).curriculum_start
+    assert resolve_config("associative_recall",
+                          overrides=["curriculum_start=3"]).stabilise.curriculum_start
     with pytest.raises(ConfigError, match=r"curriculum_start=7 is above the task's own items"):
         resolve_config("associative_recall", overrides=["curriculum_start=7"])
     with pytest.raises(ConfigError, match="curriculum_start=1 is not a size of this task"):

@@ -388,12 +388,10 @@ def test_a_bad_set_value_is_one_line_and_writes_nothing(tmp_path, capsys, item):
 
 
 def test_bad_values_from_python_are_refused_before_anything_is_written(tmp_path):
-    import dataclasses
-
     from torch_ntm.config import ConfigError
 
     for change in ({"batch_size": 0}, {"lr": float("nan")}, {"momentum": 1.0}):
-        config = dataclasses.replace(tiny_config(), **change)
+        config = tiny_config().replaced(**change)
         with pytest.raises(ConfigError, match="out of range"):
             train(config, tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()

@@ -325,8 +325,9 @@ def test_registered_with_the_dnc_as_default_and_baselines():
         dnc, lstm, ntm = (resolve_config(name, p) for p in ("dnc", "lstm", "ntm"))
         assert (dnc.model, lstm.model, ntm.model) == ("dnc", "lstm", "ntm")
         for config in (dnc, lstm, ntm):
-            assert config.optimizer == "adam" and config.lr == 1e-3
-            assert config.clip_norm > 0 and config.curriculum_start == 0  # all sizes at once
+            assert config.optim.optimizer == "adam" and config.optim.lr == 1e-3
+            assert config.optim.clip_norm > 0
+            assert config.stabilise.curriculum_start == 0  # all sizes at once
         assert resolve_config(name).preset == "dnc"
 
 

@@ -130,7 +130,7 @@ def test_the_15_class_preset_is_the_papers_episodes_with_string_labels():
     assert isinstance(model, MANN) and (model.input_size, model.output_size) == (425, 25)
     mann = resolve_config("omniglot", "mann")  # otherwise the mann preset, at its own budget
     differs = {f for f in ("max_sequences", "lr_milestones", "task_params")
-               if getattr(config, f) != getattr(mann, f)}
+               if config.value(f) != mann.value(f)}
     assert differs == {"max_sequences", "lr_milestones", "task_params"}
     assert all(config.value(f) == mann.value(f) for f in (
         "model", "controller_size", "memory_size", "memory_width", "read_heads", "learned_beta",

@@ -165,7 +165,7 @@ def test_shipped_model_reproduces_its_recorded_validation(name):
     if task.validation() == task.held_out():
         batches = validation_batches(config, task)
     else:  # shipped before Omniglot's validation split (0.3.0): validated on the test split
-        batches = fixed_batches(task.held_out(), config.eval_sequences,
+        batches = fixed_batches(task.held_out(), config.evaluation.eval_sequences,
                                 max(config.batch_size, 64), seed=HELD_OUT_SEED)
     got = evaluate_batches(pretrained.load(name).eval(), batches)
     n = got["sequences"]

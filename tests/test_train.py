@@ -1,6 +1,5 @@
 """Training must learn: a tiny copy task is solved within a CI-sized budget."""
 
-import dataclasses
 import math
 
 import pytest
@@ -114,14 +113,14 @@ def test_the_learning_rate_decays_once_when_validation_first_meets_the_threshold
     train(longer, tmp_path / "met", resume=True, progress=False)
     assert lr_of(tmp_path / "met") == pytest.approx(0.0025)
     # Resumed with a new lr: it replaces the current (decayed) rate.
-    slower = dataclasses.replace(longer, max_sequences=24, lr=0.001)
+    slower = longer.replaced(max_sequences=24, lr=0.001)
     train(slower, tmp_path / "met", resume=True, progress=False)
     assert lr_of(tmp_path / "met") == pytest.approx(0.001)
     # A threshold no validation of an untrained model meets, and the default (off).
     never = resolve_config("copy", overrides=[*tiny, "lr_decay_bit_errors=0", "max_sequences=8"])
     train(never, tmp_path / "never", progress=False)
     assert lr_of(tmp_path / "never") == pytest.approx(0.01)
-    assert resolve_config("copy", "ntm-lstm-paper").lr_decay_bit_errors < 0
+    assert resolve_config("copy", "ntm-lstm-paper").stabilise.lr_decay_bit_errors < 0
 
 
 def test_train_refuses_to_resume_a_run_with_a_setting_it_cannot_change(tmp_path):
@@ -137,7 +136,7 @@ def test_train_refuses_to_resume_a_run_with_a_setting_it_cannot_change(tmp_path)
         with pytest.raises(ConfigError, match=f"cannot change {next(iter(change))}; only "):
             train(other, tmp_path / "run", resume=True, progress=False)
     assert (tmp_path / "run" / "config.json").read_text() == before
-    longer = dataclasses.replace(config, max_sequences=16, lr=0.001)  # resumable keys
+    longer = config.replaced(max_sequences=16, lr=0.001)  # resumable keys
     assert train(longer, tmp_path / "run", resume=True, progress=False).sequences == 16
 
 
@@ -149,7 +148,7 @@ def test_lr_milestones_decay_the_rate_as_training_passes_them(tmp_path):
     train(config, tmp_path / "run", progress=False)
     assert lr_of(tmp_path / "run") == pytest.approx(0.005)
     # Resumed: a milestone already passed does not fire again; the next one does.
-    train(dataclasses.replace(config, max_sequences=10), tmp_path / "run", resume=True,
+    train(config.replaced(max_sequences=10), tmp_path / "run", resume=True,
           progress=False)
     assert lr_of(tmp_path / "run") == pytest.approx(0.0025)
     with pytest.raises(ValueError, match=r"lr_milestones=\[8, 5\] must increase"):
@@ -165,7 +164,7 @@ def test_a_rate_given_on_resume_replaces_a_decayed_one_even_if_it_is_the_runs_ow
     config = resolve_config("copy", overrides=[*tiny, "lr_milestones=5", "max_sequences=6"])
     train(config, tmp_path / "run", progress=False)
     assert _lr_of(tmp_path / "run") == pytest.approx(0.005)
-    longer = dataclasses.replace(config, max_sequences=8)
+    longer = config.replaced(max_sequences=8)
     train(longer, tmp_path / "run", resume=True, progress=False)  # no rate given: kept
     assert _lr_of(tmp_path / "run") == pytest.approx(0.005)
     assert main(["train", "copy", "--resume", str(tmp_path / "run"), "--set", "lr=0.01",
@@ -181,7 +180,7 @@ def test_a_rollback_after_a_resume_with_a_new_rate_decays_that_rate(tmp_path, mo
                                                "stop_bit_errors=-1"])
     train(config, tmp_path / "run", progress=False)
     assert _lr_of(tmp_path / "run") == pytest.approx(0.01)
-    faster = dataclasses.replace(config, max_sequences=6, lr=0.1)
+    faster = config.replaced(max_sequences=6, lr=0.1)
     train(faster, tmp_path / "run", resume=True, progress=False)  # falls apart, rolls back
     assert _lr_of(tmp_path / "run") == pytest.approx(0.1 * 0.25)
 
@@ -376,7 +375,7 @@ def test_ema_decay_given_on_resume_starts_the_average_from_the_resumed_weights(t
     for weights in history[1:]:
         average = {k: 0.5 * v + 0.5 * weights[k] for k, v in average.items()}
     ckpt = load_checkpoint(run)
-    assert ckpt.config.ema_decay == 0.5
+    assert ckpt.config.optim.ema_decay == 0.5
     for key, value in ckpt.averaged().items():
         torch.testing.assert_close(value.double(), average[key], rtol=1e-6, atol=1e-7)
 
@@ -453,7 +452,7 @@ def test_training_on_cuda_reduces_the_loss_and_resumes(tmp_path, engine):
     result = train(config, tmp_path / "run", progress=False)
     train_costs = _train_costs(tmp_path / "run")
     assert train_costs[-1] < 0.7 * train_costs[0] and math.isfinite(result.metrics["cost_bits"])
-    longer = dataclasses.replace(config, max_sequences=4800)
+    longer = config.replaced(max_sequences=4800)
     assert train(longer, tmp_path / "run", resume=True, progress=False).sequences == 4800
     assert load_checkpoint(tmp_path / "run").model().memory_size == 16  # loads on the CPU
 
@@ -574,7 +573,8 @@ def test_eval_repeats_needs_a_task_with_a_repeat_count():
         resolve_config("copy", overrides=["eval_repeats=20"])
     with pytest.raises(ConfigError, match="eval_repeats=2000"):
         resolve_config("repeat_copy", overrides=["eval_repeats=2000"])  # 20,000 steps
-    assert resolve_config("repeat_copy", overrides=["eval_repeats=15,20"]).eval_repeats == [15, 20]
+    assert resolve_config("repeat_copy",
+                          overrides=["eval_repeats=15,20"]).evaluation.eval_repeats == [15, 20]
 
 
 # Per validation of the test below: (sequences of 200 perfect at L = 4, R = 3; wrong data bits
@@ -672,8 +672,9 @@ def test_eval_pairs_needs_a_task_with_a_repeat_count():
 
     with pytest.raises(ConfigError, match="eval_pairs applies to a task with a repeat count"):
         resolve_config("copy", overrides=["eval_pairs=20x10"])
-    assert resolve_config("repeat_copy", overrides=[
-        "input_max_norm=2", "input_max_norm_channels=0,9"]).input_max_norm_channels == [0, 9]
+    capped = resolve_config("repeat_copy", overrides=["input_max_norm=2",
+                                                      "input_max_norm_channels=0,9"])
+    assert capped.optim.input_max_norm_channels == [0, 9]
 
 
 def test_input_max_norm_caps_the_chosen_channels_on_a_ramp():
@@ -712,7 +713,7 @@ def test_input_max_norm_caps_the_chosen_channels_on_a_ramp():
     assert run.state.input_norm_start == pytest.approx(4.0)  # kept for an exact resume
     assert torch.equal(weights[:, [0, 5, 10]], untouched)  # other inputs and the reads: not
     # Without a ramp, the cap at once, on every input channel if none is chosen.
-    run.config = dataclasses.replace(config, input_max_norm_ramp=0, input_max_norm_channels=[])
+    run.config = config.replaced(input_max_norm_ramp=0, input_max_norm_channels=[])
     run.state = _State()
     run._cap_input_weights(1)
     assert float(weights[:, :10].detach().norm(dim=0).max()) == pytest.approx(1.0)
@@ -787,7 +788,7 @@ def test_clip_returns_the_global_norm_and_clips_only_when_asked(clip_norm):
         p.grad = torch.randn_like(p) * 3
     before = [p.grad.clone() for p in params]
     expected = torch.cat([g.flatten() for g in before]).norm()
-    config = TrainConfig(clip_value=0.0, clip_norm=clip_norm)
+    config = TrainConfig().replaced(clip_value=0.0, clip_norm=clip_norm)
     norm = _clip(config, params, None)
     torch.testing.assert_close(norm, expected)
     scale = 1.0 if clip_norm == 0 else min(1.0, clip_norm / (float(expected) + 1e-6))
@@ -845,9 +846,10 @@ def test_a_resume_keeps_the_tensorboard_points_before_it(tmp_path):
 
 def test_a_run_saved_with_the_flat_config_of_earlier_versions_resumes_as_if_uninterrupted(
         tmp_path):
-    """Before the model's options were nested (``model_params``), checkpoint.json and config.json
-    held every model's keys at the top level, the caps as 0: such a run resumes and ends where
-    one that never stopped ends."""
+    """Before the model's options and the sections were nested (``model_params``, ``optim``,
+    ``stabilise``, ``evaluation``), checkpoint.json and config.json held every key at the top
+    level, every model's, the caps as 0: such a run resumes and ends where one that never
+    stopped ends."""
     import json
 
     from torch_ntm.checkpoint import CHECKPOINT_JSON, load_checkpoint
@@ -862,8 +864,11 @@ def test_a_run_saved_with_the_flat_config_of_earlier_versions_resumes_as_if_unin
         nested = data.pop("model_params")
         data.update({**MODEL_DEFAULTS, "sparse_link": 0, **nested, "max_beta": 0.0,
                      "max_gamma": 0.0})
+        for section in ("optim", "stabilise", "evaluation"):
+            data.update(data.pop(section))
         path.write_text(json.dumps(record))
-    assert "memory_size" in json.loads((tmp_path / "old" / "config.json").read_text())
+    flat = json.loads((tmp_path / "old" / "config.json").read_text())
+    assert "memory_size" in flat and "lr" in flat and "optim" not in flat
     assert load_checkpoint(tmp_path / "old").config == config
     longer = config.replaced(max_sequences=8)
     train(longer, tmp_path / "old", resume=True, progress=False)

@@ -325,8 +325,8 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     wall = time.perf_counter() - started
     if not result.trained:
         if result.converged:
-            why = (f"it has converged (stop_bit_errors={config.stop_bit_errors}, "
-                   f"patience_evals={config.patience_evals})")
+            why = (f"it has converged (stop_bit_errors={config.evaluation.stop_bit_errors}, "
+                   f"patience_evals={config.evaluation.patience_evals})")
             more = "--set stop_bit_errors=-1 (or a larger patience_evals)"
         else:
             why = (f"its budget is spent (max_sequences={config.max_sequences}, "
@@ -365,7 +365,8 @@ def _print_generalisation(ckpt) -> None:
         _print_episodes(evaluate_episodes(model, task), task)
         return
     rows = evaluate_sizes(model, task, task.eval_sizes)
-    rows_of = ckpt.config.eval_memory_size or getattr(ckpt.config.model_params, "memory_size", 0)
+    rows_of = (ckpt.config.evaluation.eval_memory_size
+               or getattr(ckpt.config.model_params, "memory_size", 0))
     print(f"generalisation ({task.size_name}, trained up to {task.train_size}; memory "
           f"{rows_of} rows):")
     print(format_table(rows))

@@ -5,9 +5,10 @@ every checkpoint, so evaluation needs nothing else. The presets are in `torch_nt
 ``--set key=value`` parser in `torch_ntm.overrides`. The model's keys are the fields of its own
 options dataclass (`torch_ntm.model.NTMOptions`, `torch_ntm.mann.MANNOptions`,
 `torch_ntm.dnc.DNCOptions`, `torch_ntm.registry.LSTMOptions`), nested in the config as
-``model_params`` and set by their names: ``--set memory_size=64``. The task's parameters are the
-task's own dataclass in `torch_ntm.tasks`, nested likewise and set with dotted keys: ``--set
-task.max_length=30``.
+``model_params`` and set by their names: ``--set memory_size=64``; so are the keys of its
+sections, `Optimiser`, `Stabilisation` and `Evaluation` (``--set lr=3e-4``). The task's
+parameters are the task's own dataclass in `torch_ntm.tasks`, nested likewise and set with dotted
+keys: ``--set task.max_length=30``.
 """
 
 from __future__ import annotations
@@ -28,7 +29,8 @@ from torch_ntm.registry import MODELS, LSTMOptions
 from torch_ntm.tasks import TASKS, Task, make_task
 
 __all__ = [
-    "TrainConfig", "ConfigError", "resolve_device", "check_memory_size", "check_steps",
+    "TrainConfig", "Optimiser", "Stabilisation", "Evaluation", "SECTIONS", "ConfigError",
+    "resolve_device", "check_memory_size", "check_steps",
     "check_data_size", "check_set_size", "check_state_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
     "check_resume", "list_kind", "MODELS", "MODEL_DEFAULTS", "MODEL_KEYS", "OPTIMIZERS",
     "RESUMABLE", "differing_keys", "model_params",
@@ -63,30 +65,9 @@ class ConfigError(ValueError):
 
 
 @dataclass
-class TrainConfig:
-    """Everything that defines a training run.
+class Optimiser:
+    """How a run updates the weights: a `TrainConfig`'s ``optim``."""
 
-    ``model`` names the model (`torch_ntm.registry.MODELS`): ``"ntm"`` an `NTM`, ``"lstm"`` the
-    paper's LSTM baseline (``controller_size`` units x ``controller_layers`` layers), ``"mann"``
-    a `torch_ntm.mann.MANN` and ``"dnc"`` a `torch_ntm.dnc.DNC`; ``model_params`` is its options
-    dataclass, whose fields are config keys (``--set memory_size=64``).
-    """
-
-    task: str = "copy"  # a name in `torch_ntm.tasks.TASKS`
-    # The task's parameters: an instance of the task's dataclass (`CopyTask` for "copy", ...),
-    # set as task.KEY. A dict of parameters (as config.json holds them) is turned into one.
-    task_params: Task | dict = field(default_factory=dict)
-    preset: str = "ntm-lstm"
-    model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline), "mann" or "dnc"
-    # The model's options: `NTMOptions`, `LSTMOptions`, `MANNOptions` or `DNCOptions`, as
-    # ``model``. A dict of them (as config.json holds it) is turned into one, the keys it lacks
-    # from `MODEL_DEFAULTS`.
-    model_params: NTMOptions | LSTMOptions | MANNOptions | DNCOptions | dict = field(
-        default_factory=dict)
-    # The model's engine (`torch_ntm.engines`): "auto" (the fastest that can serve the call),
-    # "native", "graphs" or "eager"; the same function on each. The LSTM baseline ignores it.
-    engine: str = "auto"
-    # Optimisation.
     optimizer: str = "rmsprop"  # "rmsprop" (paper: momentum 0.9) or "adam"
     lr: float = 1e-4
     momentum: float = 0.9  # RMSProp momentum
@@ -100,12 +81,6 @@ class TrainConfig:
     # keeps (its best) and so `ntm evaluate` use the average; training goes on from the weights
     # themselves. 0 disables.
     ema_decay: float = 0.0
-    # Start from trained weights instead of fresh ones (to fine-tune): a run directory or
-    # checkpoint file (its kept weights, those `ntm evaluate` uses), or `pretrained:NAME` (a
-    # shipped model). Its model configuration must be this one's. Optimizer state, counters
-    # and the average start afresh. Empty: fresh weights.
-    init_from: str = ""
-    batch_size: int = 1
     clip_value: float = 10.0  # clip each gradient element to [-v, v]; 0 disables
     clip_norm: float = 0.0  # clip the global gradient norm; 0 disables
     # Also clip the global norm at this multiple of the median of the last 100 steps' norms
@@ -121,6 +96,12 @@ class TrainConfig:
     input_max_norm: float = 0.0
     input_max_norm_channels: list[int] = field(default_factory=list)
     input_max_norm_ramp: int = 0
+
+
+@dataclass
+class Stabilisation:
+    """What keeps a run's learning steady: a `TrainConfig`'s ``stabilise``."""
+
     # A stabiliser: once a validation first has <= lr_decay_bit_errors bit errors per sequence,
     # the learning rate is multiplied by lr_decay (once), so a solved task is fine-tuned gently
     # instead of being kicked out of its solution by full-size steps. <0 disables.
@@ -142,11 +123,12 @@ class TrainConfig:
     # throughout. 0 disables.
     curriculum_start: int = 0
     curriculum_bit_errors: float = 0.5
-    # Budget and stopping.
-    max_sequences: int = 2_000_000
-    # Wall-clock budget of training, checked between steps (so a first step that compiles, as
-    # the compiled engine's do for a minute or two, runs past a smaller one); 0 means none.
-    max_seconds: float = 0.0
+
+
+@dataclass
+class Evaluation:
+    """How a run validates, keeps weights and stops: a `TrainConfig`'s ``evaluation``."""
+
     eval_every: int = 500  # optimizer steps between validations and checkpoints
     eval_sequences: int = 256  # fixed validation set drawn from the training distribution
     # Generalisation: task sizes beyond training (copy: lengths) validated too, with
@@ -180,6 +162,52 @@ class TrainConfig:
     # Validations that must meet it (with eval_sizes: there too), with none in between over
     # it in the training distribution (one over it only at eval_sizes neither counts nor resets)
     patience_evals: int = 1
+
+
+@dataclass
+class TrainConfig:
+    """Everything that defines a training run.
+
+    ``model`` names the model (`torch_ntm.registry.MODELS`): ``"ntm"`` an `NTM`, ``"lstm"`` the
+    paper's LSTM baseline (``controller_size`` units x ``controller_layers`` layers), ``"mann"``
+    a `torch_ntm.mann.MANN` and ``"dnc"`` a `torch_ntm.dnc.DNC`; ``model_params`` is its options
+    dataclass. The optimiser, the stabilisers and the validation are sections of their own
+    (``optim``, ``stabilise``, ``evaluation``). Every key of the options and sections is a config
+    key of its own name (``--set memory_size=64 --set lr=3e-4``): `replaced` sets and `value`
+    reads one so.
+    """
+
+    task: str = "copy"  # a name in `torch_ntm.tasks.TASKS`
+    # The task's parameters: an instance of the task's dataclass (`CopyTask` for "copy", ...),
+    # set as task.KEY. A dict of parameters (as config.json holds them) is turned into one.
+    task_params: Task | dict = field(default_factory=dict)
+    preset: str = "ntm-lstm"
+    model: str = "ntm"  # one of MODELS: "ntm", "lstm" (baseline), "mann" or "dnc"
+    # The model's options: `NTMOptions`, `LSTMOptions`, `MANNOptions` or `DNCOptions`, as
+    # ``model``. A dict of them (as config.json holds it) is turned into one, the keys it lacks
+    # from `MODEL_DEFAULTS`.
+    model_params: NTMOptions | LSTMOptions | MANNOptions | DNCOptions | dict = field(
+        default_factory=dict)
+    # The model's engine (`torch_ntm.engines`): "auto" (the fastest that can serve the call),
+    # "native", "graphs" or "eager"; the same function on each. The LSTM baseline ignores it.
+    engine: str = "auto"
+    # How the weights are updated, how they are kept steady, and how runs are validated,
+    # kept and stopped: `Optimiser`, `Stabilisation`, `Evaluation` (their keys are set by their
+    # own names: ``--set lr=3e-4``).
+    optim: Optimiser = field(default_factory=Optimiser)
+    stabilise: Stabilisation = field(default_factory=Stabilisation)
+    evaluation: Evaluation = field(default_factory=Evaluation)
+    # Budget.
+    max_sequences: int = 2_000_000
+    # Wall-clock budget of training, checked between steps (so a first step that compiles, as
+    # the compiled engine's do for a minute or two, runs past a smaller one); 0 means none.
+    max_seconds: float = 0.0
+    # Start from trained weights instead of fresh ones (to fine-tune): a run directory or
+    # checkpoint file (its kept weights, those `ntm evaluate` uses), or `pretrained:NAME` (a
+    # shipped model). Its model configuration must be this one's. Optimizer state, counters
+    # and the average start afresh. Empty: fresh weights.
+    init_from: str = ""
+    batch_size: int = 1
     # Housekeeping.
     seed: int = 0
     threads: int = 1  # torch intra-op threads; 2 win only at batch >= 64 on an idle 2-core CPU
@@ -194,22 +222,29 @@ class TrainConfig:
 
     def replaced(self, **values) -> TrainConfig:
         """This config with ``values`` by key as ``--set`` names them (not checked): its fields,
-        and the model's options (``memory_size=64``); with a new ``model``, options of that
-        model, keeping the values of the keys the two share."""
+        its sections' keys (``lr=3e-4``) and the model's options (``memory_size=64``); with a
+        new ``model``, options of that model, keeping the values of the keys the two share."""
         options = {key: values.pop(key) for key in list(values) if key in _ANY_MODEL_KEY}
         model = values.get("model", self.model)
         if (options or model != self.model) and model in MODELS:  # else: `check` says so
             values["model_params"] = model_params(
                 model, {**dataclasses.asdict(self.model_params), **options})
+        for name in SECTIONS:
+            changed = {key: values.pop(key) for key in list(values) if SECTION_OF.get(key) == name}
+            if changed:
+                values[name] = dataclasses.replace(getattr(self, name), **changed)
         return dataclasses.replace(self, **values)
 
     def value(self, key: str):
-        """The value of config key ``key`` as ``--set`` names it: a field, one of the model's
-        options (``memory_size``) or of the task's parameters (``task.max_length``)."""
+        """The value of config key ``key`` as ``--set`` names it: a field, a key of a section
+        (``lr``), one of the model's options (``memory_size``) or of the task's parameters
+        (``task.max_length``)."""
         if key in MODEL_KEYS.get(self.model, ()):
             return getattr(self.model_params, key)
         if key.startswith("task."):
             return getattr(self.task_params, key.removeprefix("task."))
+        if key in SECTION_OF:
+            return getattr(getattr(self, SECTION_OF[key]), key)
         return getattr(self, key)
 
     def _meta_model(self, memory_size: int):
@@ -223,9 +258,9 @@ class TrainConfig:
                          **{**entry.arguments(self), "memory_size": memory_size})
 
     def to_dict(self) -> dict:
-        """The config as config.json holds it: its keys, the model's options (``model_params``,
-        all of them; None as null) and the task's parameters that differ from their defaults
-        (``task_params``)."""
+        """The config as config.json holds it: its keys, its sections (``optim``, ``stabilise``,
+        ``evaluation``), the model's options (``model_params``, all of them; None as null) and
+        the task's parameters that differ from their defaults (``task_params``)."""
         data = dataclasses.asdict(self)
         task, default = self.task_params, type(self.task_params)()
         data["task_params"] = {f.name: getattr(task, f.name) for f in dataclasses.fields(task)
@@ -234,12 +269,13 @@ class TrainConfig:
 
     def eval_overrides(self) -> dict:
         """What `build_model` changes for generalisation: the rows of ``eval_memory_size``."""
-        wider = self.eval_memory_size and MODELS[self.model].memory  # the LSTM has no rows
-        return {"memory_size": self.eval_memory_size} if wider else {}
+        rows = self.evaluation.eval_memory_size
+        wider = rows and MODELS[self.model].memory  # the LSTM has no rows
+        return {"memory_size": rows} if wider else {}
 
     def eval_pair_values(self) -> list[tuple[int, int]]:
         """``eval_pairs`` as (length, count) pairs (`check` has checked its form)."""
-        return [_pair(item) for item in self.eval_pairs.split(",") if item.strip()]
+        return [_pair(item) for item in self.evaluation.eval_pairs.split(",") if item.strip()]
 
     def generalisation_sets(self) -> dict:
         """The generalisation validation sets, by their name in ``metrics.csv`` without
@@ -255,10 +291,10 @@ class TrainConfig:
         valid, longest = self.task_params.validation(), self.task_params.train_size
         wanted = [
             *((str(size), f"eval_sizes={size}", size, lambda s=size: valid.with_size(s))
-              for size in self.eval_sizes),
+              for size in self.evaluation.eval_sizes),
             *((f"r{r}", f"eval_repeats={r}", longest,
                lambda r=r: valid.with_size(longest).with_repeats(r))
-              for r in self.eval_repeats),
+              for r in self.evaluation.eval_repeats),
             *((f"{length}r{r}", f"eval_pairs={length}x{r}", length,
                lambda n=length, r=r: valid.with_size(n).with_repeats(r))
               for length, r in self.eval_pair_values())]
@@ -274,13 +310,13 @@ class TrainConfig:
 
     def keep_by_set(self) -> tuple[str, str] | None:
         """``keep_by`` as (set, metric), or None."""
-        return tuple(self.keep_by.split(":")) if self.keep_by else None
+        return tuple(self.evaluation.keep_by.split(":")) if self.evaluation.keep_by else None
 
     def keep_perfect_floor(self) -> tuple[str, float] | None:
         """``keep_perfect_above`` as (set, fraction), or None."""
-        if not self.keep_perfect_above:
+        if not self.evaluation.keep_perfect_above:
             return None
-        name, _, fraction = self.keep_perfect_above.partition(":")
+        name, _, fraction = self.evaluation.keep_perfect_above.partition(":")
         return name, float(fraction)
 
     def to_json(self) -> str:
@@ -303,12 +339,24 @@ class TrainConfig:
                 raise ConfigError(f"{source}: model_params: unknown key(s) {', '.join(unknown)} "
                                   f"for model={model}; valid keys: {', '.join(sorted(own))}")
             data["model_params"] = {**{k: v for k, v in flat.items() if k in own}, **nested}
+        for name, kind in SECTIONS.items():  # a section's keys, flat (earlier) or nested
+            given = data.get(name, {})
+            if not isinstance(given, dict):
+                raise ConfigError(f"{source}: {name} must hold keys, got {given!r}")
+            keys = {f.name for f in dataclasses.fields(kind)}
+            unknown = sorted(set(given) - keys)
+            if unknown:
+                raise ConfigError(f"{source}: {name}: unknown key(s) {', '.join(unknown)}; "
+                                  f"valid keys: {', '.join(sorted(keys))}")
+            values = {**{key: data.pop(key) for key in list(data) if key in keys}, **given}
+            data[name] = kind(**values)
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
             raise ConfigError(
                 f"{source}: unknown key(s) {', '.join(unknown)}; "
-                f"valid keys: {', '.join(sorted(valid | _ANY_MODEL_KEY))}"
+                f"valid keys: "
+                f"{', '.join(sorted(valid - set(SECTIONS) | set(SECTION_OF) | _ANY_MODEL_KEY))}"
             )
         if data.get("engine") in LEGACY_ENGINES:  # a config of an earlier version
             data = {**data, "engine": "auto"}
@@ -324,7 +372,9 @@ class TrainConfig:
         range, or is not one of the key's choices."""
         hints = typing.get_type_hints(TrainConfig)
         for f in dataclasses.fields(self):
-            if f.name not in ("task_params", "model_params"):  # checked below
+            if f.name in SECTIONS:
+                self._check_section(f.name, source)
+            elif f.name not in ("task_params", "model_params"):  # checked below
                 _check_type(f.name, getattr(self, f.name), hints[f.name], source)
         if type(self.task_params) is not TASKS.get(self.task):
             raise ConfigError(f"{source}: task_params must be the parameters of task "
@@ -338,7 +388,7 @@ class TrainConfig:
         for f in dataclasses.fields(options):
             _check_type(f.name, getattr(self.model_params, f.name), option_hints[f.name], source)
         for key, (test, wanted) in _RANGES.items():
-            value = getattr(self, key)
+            value = self.value(key)
             if not test(value):
                 raise ConfigError(f"{source}: {key}={value!r} is out of range; it must be {wanted}")
         try:  # the options of the model it builds (a DNC has no shift_range to fit its rows)
@@ -356,7 +406,7 @@ class TrainConfig:
                 raise ConfigError(f"{source}: the task's {kind} has other input or output "
                                   f"widths than its training data")
         for key in ("eval_repeats", "eval_pairs"):
-            if getattr(self, key) and not hasattr(self.task_params, "with_repeats"):
+            if self.value(key) and not hasattr(self.task_params, "with_repeats"):
                 raise ConfigError(f"{source}: {key} applies to a task with a repeat count "
                                   f"(repeat_copy), not {self.task}; use eval_sizes, or leave "
                                   f"it empty")
@@ -372,11 +422,12 @@ class TrainConfig:
                 drawable()
             except ValueError as e:
                 raise ConfigError(f"{source}: {e}") from None
-        if any(a >= b for a, b in zip(self.lr_milestones, self.lr_milestones[1:])):
-            raise ConfigError(f"{source}: lr_milestones={self.lr_milestones} must increase "
+        milestones = self.stabilise.lr_milestones
+        if any(a >= b for a, b in zip(milestones, milestones[1:])):
+            raise ConfigError(f"{source}: lr_milestones={milestones} must increase "
                               f"(numbers of training sequences, e.g. 400000,600000)")
-        if self.curriculum_start:
-            task, start = self.task_params, self.curriculum_start
+        if self.stabilise.curriculum_start:
+            task, start = self.task_params, self.stabilise.curriculum_start
             if start > task.train_size:
                 raise ConfigError(f"{source}: curriculum_start={start} is above the task's own "
                                   f"{task.size_name} ({task.train_size}); set it lower, or 0 "
@@ -387,16 +438,25 @@ class TrainConfig:
                 raise ConfigError(f"{source}: curriculum_start={start} is not a size of this "
                                   f"task: {e}") from None
 
+    def _check_section(self, name: str, source: str) -> None:
+        """The type of section ``name`` and of each of its keys."""
+        section, kind = getattr(self, name), SECTIONS[name]
+        if type(section) is not kind:
+            raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {section!r}")
+        hints = typing.get_type_hints(kind)
+        for f in dataclasses.fields(kind):
+            _check_type(f.name, getattr(section, f.name), hints[f.name], source)
+
     def _check_memory(self, source: str) -> None:
         """The memory's size, and the model's state, at ``memory_size`` and
         ``eval_memory_size`` rows: built on the meta device (its sizes, no memory), before any
         run folder."""
         params = self.model_params
         check_memory_size(params.memory_size, params.memory_width, self.batch_size, source)
-        check_memory_size(self.eval_memory_size, params.memory_width, 64, source,
+        check_memory_size(self.evaluation.eval_memory_size, params.memory_width, 64, source,
                           key="eval_memory_size")
         for rows, key in ((params.memory_size, "memory_size"),
-                          (self.eval_memory_size, "eval_memory_size")):
+                          (self.evaluation.eval_memory_size, "eval_memory_size")):
             if rows:
                 try:
                     model = self._meta_model(rows)
@@ -409,17 +469,18 @@ class TrainConfig:
     def _check_pairs_and_keeping(self, source: str) -> None:
         """The forms of ``eval_pairs``, ``keep_by`` and ``keep_perfect_above``, and that the
         sets these two name are validated."""
-        for item in self.eval_pairs.split(","):
+        for item in self.evaluation.eval_pairs.split(","):
             if item.strip() and _pair(item) is None:
-                raise ConfigError(f"{source}: eval_pairs={self.eval_pairs!r}: {item.strip()!r} "
-                                  f"is not LENGTHxCOUNT with two integers >= 1 (e.g. 20x10)")
-        if not (self.keep_by or self.keep_perfect_above):
+                raise ConfigError(f"{source}: eval_pairs={self.evaluation.eval_pairs!r}: "
+                                  f"{item.strip()!r} is not LENGTHxCOUNT with two integers >= 1 "
+                                  f"(e.g. 20x10)")
+        if not (self.evaluation.keep_by or self.evaluation.keep_perfect_above):
             return
         names = list(self.generalisation_sets())
         metrics = ("bit_errors", "cost_bits", *self.task_params.extra_metrics)
         for key, form, example in (("keep_by", "SET:METRIC", "r20:data_bit_errors"),
                                    ("keep_perfect_above", "SET:FRACTION", "20r10:0.95")):
-            value = getattr(self, key)
+            value = self.value(key)
             if not value:
                 continue
             name, sep, second = value.partition(":")
@@ -441,23 +502,30 @@ class TrainConfig:
 
     def _check_input_max_norm(self, source: str) -> None:
         width = self.task_params.input_size
-        wrong = [c for c in self.input_max_norm_channels if c >= width]
+        wrong = [c for c in self.optim.input_max_norm_channels if c >= width]
         if wrong:
-            raise ConfigError(f"{source}: input_max_norm_channels={self.input_max_norm_channels}:"
-                              f" {self.task} has input channels 0 to {width - 1}")
-        if not self.input_max_norm and (self.input_max_norm_channels
-                                        or self.input_max_norm_ramp):
+            raise ConfigError(f"{source}: input_max_norm_channels="
+                              f"{self.optim.input_max_norm_channels}: {self.task} has input "
+                              f"channels 0 to {width - 1}")
+        if not self.optim.input_max_norm and (self.optim.input_max_norm_channels
+                                        or self.optim.input_max_norm_ramp):
             raise ConfigError(f"{source}: input_max_norm_channels and input_max_norm_ramp act "
                               f"only with a cap: set input_max_norm (> 0)")
 
     def check_choices(self, source: str = "config") -> None:
         """Raise `ConfigError` if a key with a fixed set of values holds another one."""
         for key, valid in _CHOICES.items():
-            value = getattr(self, key)
+            value = self.value(key)
             if value not in valid:
                 raise ConfigError(
                     f"{source}: {key}={value!r} is not valid; valid choices: {', '.join(valid)}"
                 )
+
+
+# The config's sections, by field, and the section of each of their keys.
+SECTIONS = {"optim": Optimiser, "stabilise": Stabilisation, "evaluation": Evaluation}
+SECTION_OF = MappingProxyType({f.name: name for name, section in SECTIONS.items()
+                               for f in dataclasses.fields(section)})
 
 
 def _finite(lo: float, hi: float = math.inf, lo_open=False, hi_open=False):
@@ -579,7 +647,7 @@ def check_data_size(config: TrainConfig, source: str = "config") -> None:
             *((f"the validation set of {what}", "eval_size_sequences", each)
               for _, what, _, each in config._generalisation(source))]
     for what, key, each in sets:
-        check_set_size(each, getattr(config, key), f"{source}: {what}", f"{key}=")
+        check_set_size(each, config.value(key), f"{source}: {what}", f"{key}=")
 
 
 def check_set_size(task, count: int, what: str, key: str) -> None:
@@ -648,11 +716,14 @@ RESUMABLE = frozenset({"max_sequences", "max_seconds", "eval_every", "log_every"
 
 
 def differing_keys(a: TrainConfig, b: TrainConfig) -> list[str]:
-    """The keys in which ``a`` and ``b`` differ, as ``--set`` names them: the model's options by
-    their names (where the two have one model), the task's as ``task.KEY`` (``task_params``
-    itself only where the two configs have different tasks)."""
-    keys = [f.name for f in dataclasses.fields(a) if f.name not in ("task_params", "model_params")
+    """The keys in which ``a`` and ``b`` differ, as ``--set`` names them: the sections' keys
+    and the model's options by their names (the options where the two have one model), the
+    task's as ``task.KEY`` (``task_params`` itself only where the two configs have different
+    tasks)."""
+    keys = [f.name for f in dataclasses.fields(a)
+            if f.name not in ("task_params", "model_params", *SECTIONS)
             and getattr(a, f.name) != getattr(b, f.name)]
+    keys += [key for key in SECTION_OF if a.value(key) != b.value(key)]
     if type(a.model_params) is type(b.model_params):
         keys += [f.name for f in dataclasses.fields(a.model_params)
                  if getattr(a.model_params, f.name) != getattr(b.model_params, f.name)]

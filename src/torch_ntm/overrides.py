@@ -12,7 +12,7 @@ import dataclasses
 import types
 import typing
 
-from torch_ntm.config import MODEL_KEYS, ConfigError, TrainConfig, list_kind
+from torch_ntm.config import MODEL_KEYS, SECTIONS, ConfigError, TrainConfig, list_kind
 from torch_ntm.registry import MODELS
 
 __all__ = ["apply_overrides", "override_keys"]
@@ -78,21 +78,26 @@ def override_keys(overrides: list[str], option: str = "--set") -> set[str]:
     return {_split(item, option)[0] for item in overrides}
 
 
-# The model keys (the fields of every model's options) and the type of each.
+# The model keys (the fields of every model's options) and the sections' keys, which a config
+# does not hold as fields, and the type of each.
 _MODEL_HINTS = {key: hint for entry in MODELS.values()
                 for key, hint in typing.get_type_hints(entry.options).items()}
+_HINTS = {**_MODEL_HINTS, **{key: hint for section in SECTIONS.values()
+                             for key, hint in typing.get_type_hints(section).items()}}
 
 
 def _keys(obj) -> dict[str, str]:
     """The keys of a `TrainConfig` or a task that ``--set`` may give, and the field of each:
     every field, but a config's ``task`` names its task's parameters (``task.max_length``), its
     task and preset themselves are chosen on the command line, and its model's options are keys
-    of their own (``memory_size``: every model's, refused afterwards where they do not apply)."""
+    of their own (``memory_size``: every model's, refused afterwards where they do not apply),
+    as are its sections' (``lr``)."""
     keys = {f.name: f.name for f in dataclasses.fields(obj)}
     if isinstance(obj, TrainConfig):
-        del keys["task_params"], keys["preset"], keys["model_params"]
+        for name in ("task_params", "preset", "model_params", *SECTIONS):
+            del keys[name]
         keys["task"] = "task_params"
-        keys.update({key: key for key in _MODEL_HINTS})
+        keys.update({key: key for key in _HINTS})
     return keys
 
 
@@ -117,10 +122,10 @@ def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
             raise ConfigError(f"{option} {path}: unknown key; valid keys: "
                               f"{_valid_keys(obj, path[: len(path) - len(name)])}")
         last = depth == len(names) - 1
-        if obj is config and name in _MODEL_HINTS:  # one of the model's options
+        if obj is config and name in _HINTS:  # a section's key or one of the model's options
             if not last:
                 raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
-            changes[name] = _parse_value(text, _MODEL_HINTS[name], path, option)
+            changes[name] = _parse_value(text, _HINTS[name], path, option)
             return
         value = getattr(obj, keys[name])
         if dataclasses.is_dataclass(value):

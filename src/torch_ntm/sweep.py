@@ -252,7 +252,7 @@ def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequence
     for point, config in zip(points, configs):
         mine = [run for run in runs if run.point == point]
         summaries.append({
-            **summarise([run.run_dir for run in mine], max(config.stop_bit_errors, 0.0)),
+            **summarise([run.run_dir for run in mine], max(config.evaluation.stop_bit_errors, 0.0)),
             "exit_codes": {str(r.seed): r.exit_code for r in mine if r.exit_code is not None},
             "reused": [r.seed for r in mine if r.state == "complete"]})
     if grid:

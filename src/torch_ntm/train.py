@@ -114,16 +114,18 @@ class _StopSignals:
 def make_optimizer(config: TrainConfig, params) -> torch.optim.Optimizer:
     # foreach: one op per update across all parameters instead of a loop over them (torch only
     # defaults to it on GPUs); faster on the CPU too (the Speed page).
-    if config.optimizer == "rmsprop":
-        return torch.optim.RMSprop(params, lr=config.lr, alpha=config.rmsprop_alpha,
-                                   momentum=config.momentum, weight_decay=config.weight_decay,
+    if config.optim.optimizer == "rmsprop":
+        opt = config.optim
+        return torch.optim.RMSprop(params, lr=opt.lr, alpha=opt.rmsprop_alpha,
+                                   momentum=opt.momentum, weight_decay=opt.weight_decay,
                                    foreach=True)
-    if config.optimizer == "adam":
-        if config.weight_decay > 0:  # decoupled; without decay, Adam itself as before the key
-            return torch.optim.AdamW(params, lr=config.lr, amsgrad=config.amsgrad,
-                                     weight_decay=config.weight_decay, foreach=True)
-        return torch.optim.Adam(params, lr=config.lr, amsgrad=config.amsgrad, foreach=True)
-    raise ConfigError(f"unknown optimizer {config.optimizer!r}; valid choices: "
+    if config.optim.optimizer == "adam":
+        if config.optim.weight_decay > 0:  # decoupled; without decay, Adam itself as before the key
+            return torch.optim.AdamW(params, lr=config.optim.lr, amsgrad=config.optim.amsgrad,
+                                     weight_decay=config.optim.weight_decay, foreach=True)
+        return torch.optim.Adam(params, lr=config.optim.lr, amsgrad=config.optim.amsgrad,
+                                foreach=True)
+    raise ConfigError(f"unknown optimizer {config.optim.optimizer!r}; valid choices: "
                       f"{', '.join(OPTIMIZERS)}")
 
 
@@ -134,23 +136,23 @@ def validation_batches(config: TrainConfig, task) -> list:
     is not the training task."""
     validation = task.validation()
     if validation is task:
-        return fixed_batches(task, config.eval_sequences, max(config.batch_size, 64))
-    return fixed_batches(validation, config.eval_sequences, max(config.batch_size, 64),
+        return fixed_batches(task, config.evaluation.eval_sequences, max(config.batch_size, 64))
+    return fixed_batches(validation, config.evaluation.eval_sequences, max(config.batch_size, 64),
                          seed=HELD_OUT_SEED)
 
 
 def _spike_clip(config: TrainConfig, params) -> SpikeClip | None:
     """With ``clip_spikes``, the norm clip relative to the recent median (`SpikeClip`)."""
-    if config.clip_spikes <= 0:
+    if config.optim.clip_spikes <= 0:
         return None
-    return SpikeClip(params, factor=config.clip_spikes, max_norm=_max_norm(config))
+    return SpikeClip(params, factor=config.optim.clip_spikes, max_norm=_max_norm(config))
 
 
 def _clip(config: TrainConfig, params, spikes: SpikeClip | None) -> torch.Tensor:
     """Clip by value and/or by global norm (``clip_norm``, and spikes if ``spikes``); returns the
     global gradient norm (after value clipping), non-finite exactly when some gradient is."""
-    if config.clip_value > 0:
-        nn.utils.clip_grad_value_(params, config.clip_value)
+    if config.optim.clip_value > 0:
+        nn.utils.clip_grad_value_(params, config.optim.clip_value)
     if spikes is not None:
         return spikes()
     max_norm = _max_norm(config)
@@ -173,7 +175,7 @@ def input_weights(model: nn.Module) -> torch.Tensor:
 
 def _max_norm(config: TrainConfig) -> float:
     """The global-norm clip (``clip_norm``; 0: none, the norm still measured)."""
-    return config.clip_norm if config.clip_norm > 0 else math.inf
+    return config.optim.clip_norm if config.optim.clip_norm > 0 else math.inf
 
 
 class _World:
@@ -294,9 +296,10 @@ def _selection(config: TrainConfig, rows: dict, general: float) -> tuple[float, 
     short = 0.0
     if floor is not None:
         name, fraction = floor
-        count = round(rows[name]["perfect"] * config.eval_size_sequences)
-        need = math.floor(fraction * config.eval_size_sequences + 1e-9) + 1  # more than this
-        short = max(0, need - count) / config.eval_size_sequences
+        count = round(rows[name]["perfect"] * config.evaluation.eval_size_sequences)
+        sequences = config.evaluation.eval_size_sequences
+        need = math.floor(fraction * sequences + 1e-9) + 1  # more than this
+        short = max(0, need - count) / config.evaluation.eval_size_sequences
     return short, (rows[by[0]][by[1]] if by is not None else general)
 
 
@@ -345,11 +348,11 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
           progress: bool | None = None, new_lr: bool | None = None) -> TrainResult:
     """Train ``config`` into ``run_dir`` (or continue the run there when ``resume``).
 
-    On a resume, ``config.lr`` replaces the optimizer's current rate (decayed or not) and that
+    On a resume, ``lr`` replaces the optimizer's current rate (decayed or not) and that
     of the best weights a rollback would return to when ``new_lr``; by default (None) when it
     differs from the run's own ``lr``. (``ntm train --resume RUN --set lr=X`` passes True.)
 
-    Stops when ``config.patience_evals`` validations have had <= ``config.stop_bit_errors``
+    Stops when ``patience_evals`` validations have had <= ``stop_bit_errors``
     bit errors per sequence, in the training distribution and at every ``eval_sizes`` and
     ``eval_repeats``, with none in between over it in the training distribution; or when
     ``max_sequences``/``max_seconds`` is spent.
@@ -463,7 +466,7 @@ class _State:
     streak: int = 0  # validations that met the stopping criterion (see `train`)
     lr_decayed: bool = False  # the one decay of lr_decay_bit_errors is done
     rollbacks: int = 0
-    # The curriculum's largest size now (config.curriculum_start, then up); 0 once it reaches
+    # The curriculum's largest size now (curriculum_start, then up); 0 once it reaches
     # the task's own sizes, or without one.
     curriculum_size: int = 0
     running: _Running = field(default_factory=_Running.none)
@@ -510,12 +513,12 @@ class _Run:
         # The parameters become views of one tensor that the optimizer steps at once: bitwise
         # the same update, in about 0.6 of the time (flat_optim.py).
         self.optimizer = FlatOptimizer(self.params, lambda flat: make_optimizer(config, flat))
-        # The running average of the weights (config.ema_decay), by parameter name; None
+        # The running average of the weights (ema_decay), by parameter name; None
         # without one. It starts from the initial weights.
         self.averaged = None
-        if config.ema_decay:
+        if config.optim.ema_decay:
             self.averaged = {name: p.detach().clone() for name, p in named}
-            self._average = get_ema_multi_avg_fn(config.ema_decay)
+            self._average = get_ema_multi_avg_fn(config.optim.ema_decay)
         self.spikes = _spike_clip(config, self.params)
         self.best = _Best(self.model, self.optimizer)
         self.state = _State()
@@ -523,8 +526,8 @@ class _Run:
         self.timed_out = False  # stopped by max_seconds
         if resume:
             self._restore(load_checkpoint(run_dir), new_lr)
-        elif config.curriculum_start < self.task.train_size:
-            self.state.curriculum_size = config.curriculum_start
+        elif config.stabilise.curriculum_start < self.task.train_size:
+            self.state.curriculum_size = config.stabilise.curriculum_start
         self.log = None
         # Nothing left to train: the directory keeps the config that trained it (and no new
         # log), rather than one that never ran.
@@ -540,7 +543,7 @@ class _Run:
         # Drawn from a seed of their own, so that `ntm evaluate`'s tables (EVAL_SEED) test the
         # model on other sequences than those that chose when to stop and which weights to keep.
         self.general_batches = {
-            name: fixed_batches(task, config.eval_size_sequences, 50, seed=GENERAL_SEED)
+            name: fixed_batches(task, config.evaluation.eval_size_sequences, 50, seed=GENERAL_SEED)
             for name, task in config.generalisation_sets().items()}
         # The same weights with eval_memory_size rows (no parameter depends on the rows).
         self.general_model = self.model
@@ -568,7 +571,7 @@ class _Run:
         if self.spikes is not None:
             self.spikes.load_state_dict({"norms": ckpt.extra.get("recent_grad_norms", [])})
         if new_lr is None:  # by default, a rate other than the run's own
-            new_lr = self.config.lr != ckpt.config.lr
+            new_lr = self.config.optim.lr != ckpt.config.optim.lr
         if self.averaged is not None:
             self._restore_average(ckpt)
         kept = ckpt.best()
@@ -579,9 +582,9 @@ class _Run:
         elif self.state.metrics:
             self.best.offer(self.state.metrics)
         if new_lr:  # it replaces the current rate, and the one a rollback would restore
-            self.best.set_lr(self.config.lr)
+            self.best.set_lr(self.config.optim.lr)
             for group in self.optimizer.param_groups:
-                group["lr"] = self.config.lr
+                group["lr"] = self.config.optim.lr
 
     def _restore_average(self, ckpt) -> None:
         saved = ckpt.averaged()
@@ -621,7 +624,9 @@ class _Run:
 
     @property
     def converged(self) -> bool:
-        return 0 <= self.config.stop_bit_errors and self.state.streak >= self.config.patience_evals
+        evaluation = self.config.evaluation
+        return (0 <= evaluation.stop_bit_errors
+                and self.state.streak >= evaluation.patience_evals)
 
     @property
     def finished(self) -> bool:
@@ -659,7 +664,7 @@ class _Run:
         per_seq.mean().backward()
         if torch.isfinite(_clip(config, self.params, self.spikes)):
             self.optimizer.step()
-            if config.input_max_norm:
+            if config.optim.input_max_norm:
                 self._cap_input_weights(state.sequences + config.batch_size)
             if self.averaged is not None:
                 self._average(list(self.averaged.values()), self.params, None)
@@ -668,9 +673,9 @@ class _Run:
         state.step += 1
         passed = state.sequences
         state.sequences += config.batch_size
-        for milestone in config.lr_milestones:
+        for milestone in config.stabilise.lr_milestones:
             if passed < milestone <= state.sequences:
-                _scale_lr(self.optimizer, config.lr_decay)
+                _scale_lr(self.optimizer, config.stabilise.lr_decay)
         with torch.no_grad():
             state.running = state.running.plus(
                 float(per_seq.sum()) / math.log(2),
@@ -684,12 +689,12 @@ class _Run:
         ``input_max_norm`` over ``input_max_norm_ramp`` sequences."""
         config, state = self.config, self.state
         weights = input_weights(self.model)
-        channels = config.input_max_norm_channels or range(self.task.input_size)
+        channels = config.optim.input_max_norm_channels or range(self.task.input_size)
         if state.input_norm_start is None:
             state.input_norm_start = float(weights[:, list(channels)].norm(dim=0).max())
-        cap, start = config.input_max_norm, state.input_norm_start
-        if config.input_max_norm_ramp:
-            done = min(1.0, sequences / config.input_max_norm_ramp)
+        cap, start = config.optim.input_max_norm, state.input_norm_start
+        if config.optim.input_max_norm_ramp:
+            done = min(1.0, sequences / config.optim.input_max_norm_ramp)
             cap = max(cap, start + (cap - start) * done)
         for channel in channels:
             norm = float(weights[:, channel].norm())
@@ -709,7 +714,7 @@ class _Run:
         self._write("train", values)
         self.state.running = _Running.none()
         size = self.state.curriculum_size
-        if size and values["bit_errors"] <= self.config.curriculum_bit_errors:
+        if size and values["bit_errors"] <= self.config.stabilise.curriculum_bit_errors:
             size += 1  # a row "curriculum@SIZE": from here on, sizes up to SIZE
             self._write(f"curriculum@{size}", {})
             self.state.curriculum_size = 0 if size >= self.task.train_size else size
@@ -764,30 +769,30 @@ class _Run:
         one that fails only at eval_sizes does not count, nor start the count again (at 6x the
         training length a good solution can lose one sequence of 100 at one validation and have
         it back at the next: docs/stability.md)."""
-        if not 0 <= bit_errors <= self.config.stop_bit_errors:
+        if not 0 <= bit_errors <= self.config.evaluation.stop_bit_errors:
             self.state.streak = 0
-        elif worst <= self.config.stop_bit_errors:
+        elif worst <= self.config.evaluation.stop_bit_errors:
             self.state.streak += 1
 
     def _decay_once(self, bit_errors: float) -> None:
         """The one decay of the rate, at the first validation at or under
         ``lr_decay_bit_errors``."""
         config, state = self.config, self.state
-        if (not state.lr_decayed and 0 <= config.lr_decay_bit_errors
-                and bit_errors <= config.lr_decay_bit_errors):
-            _scale_lr(self.optimizer, config.lr_decay)
+        if (not state.lr_decayed and 0 <= config.stabilise.lr_decay_bit_errors
+                and bit_errors <= config.stabilise.lr_decay_bit_errors):
+            _scale_lr(self.optimizer, config.stabilise.lr_decay)
             state.lr_decayed = True
 
     def _keep_or_roll_back(self, metrics: dict) -> dict:
         """Offer this validation's weights as the best; or, if the run fell apart
         (``rollback_bit_errors``), restore the best with a decayed rate. Returns the metrics of
         the weights the model now holds."""
-        limit = self.config.rollback_bit_errors
+        limit = self.config.stabilise.rollback_bit_errors
         if not (0 <= limit and self.best.fell_apart(metrics, limit)):
             self.best.offer(metrics)
             return metrics
         metrics = self.best.restore()
-        _scale_lr(self.optimizer, self.config.lr_decay)
+        _scale_lr(self.optimizer, self.config.stabilise.lr_decay)
         self.best.offer(metrics, replace=True)  # the decayed lr is what a later one gets
         self.state.rollbacks += 1
         self._write("rollback", metrics)
@@ -839,7 +844,7 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
                 values = run.log_training()
                 bar.set_postfix(cost=f"{values['cost_bits']:.3g}",
                                 bit_err=f"{values['bit_errors']:.3g}", refresh=False)
-            if state.step % config.eval_every == 0:
+            if state.step % config.evaluation.eval_every == 0:
                 run.validate()
         if run.saved_step != state.step:  # stopped between validations: validate, save
             run.validate()
