@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from torch_ntm.cli import main
+from torch_ntm.config import TrainConfig
 from torch_ntm.runlog import read_metrics
 from torch_ntm.sweep import (
     GridPoint,
@@ -200,9 +201,9 @@ def test_a_tiny_sweep_through_the_cli(tmp_path, capsys):
     for seed in (4, 5):
         run = out / f"seed-{seed}"
         assert "stopped (budget) after 160 sequences" in (run / "train.log").read_text()
-        config = json.loads((run / "config.json").read_text())
-        assert (config["seed"], config["max_sequences"], config["stop_bit_errors"],
-                config["threads"]) == (seed, 160, -1.0, 1)
+        config = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+        assert (config.seed, config.max_sequences, config.evaluation.stop_bit_errors,
+                config.threads) == (seed, 160, -1.0, 1)
     assert all(r["complete"] for r in report["seeds"])
     table = [line for line in (out / "report.md").read_text().splitlines()
              if line.startswith("| ") and line[2].isdigit()]
@@ -261,8 +262,8 @@ def test_a_grid_sweep_trains_each_point_in_its_own_folder(tmp_path, capsys, monk
         assert point["overrides"] == [point["point"]] and point["exit_codes"] == {"0": 0}
         assert [r["run_dir"] for r in point["seeds"]] == [str(run)]
         assert point["seeds"][0]["complete"]
-        config = json.loads((run / "config.json").read_text())
-        assert (config["lr"], config["seed"], config["max_sequences"]) == (lr, 0, 32)
+        config = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+        assert (config.optim.lr, config.seed, config.max_sequences) == (lr, 0, 32)
         assert f"\n| {point['point']} | " in text and f"\n## {point['point']}\n" in text
 
     def no_training(*args, **kwargs):
