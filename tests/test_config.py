@@ -79,6 +79,15 @@ def test_unknown_key_is_rejected_with_the_valid_keys():
         resolve_config("copy", overrides=["lr"])
 
 
+def test_a_key_given_as_config_json_nests_it_is_told_its_own_name():
+    for given, own in (("optim.lr=3e-4", "lr=3e-4"), ("evaluation.eval_every=5", "eval_every=5"),
+                       ("model_params.memory_size=64", "memory_size=64")):
+        with pytest.raises(ConfigError, match=rf"^--set {given}: \w+'s keys are set by their "
+                                              rf"own names: --set {own}$"):
+            resolve_config("copy", overrides=[given])
+    assert resolve_config("copy", overrides=["lr=3e-4"]).optim.lr == 3e-4
+
+
 def test_unknown_task_and_preset_list_valid_choices():
     with pytest.raises(ConfigError,
                        match="unknown task 'sort'; valid tasks: associative_recall, copy"):

@@ -118,6 +118,10 @@ def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
     for depth, name in enumerate(names):
         path = ".".join(names[: depth + 1])[len(prefix) :]  # as given
         keys = _keys(obj)
+        if obj is config and name in (*SECTIONS, "model_params"):  # as config.json nests them
+            own = ".".join(names[depth + 1 :]) or "KEY"
+            raise ConfigError(f"{option} {key}={text}: {name}'s keys are set by their own "
+                              f"names: {option} {own}={text}")
         if name not in keys:
             raise ConfigError(f"{option} {path}: unknown key; valid keys: "
                               f"{_valid_keys(obj, path[: len(path) - len(name)])}")
