@@ -329,27 +329,14 @@ class TrainConfig:
         model go into its ``model_params``; those of the other models only, which such a file
         holds for every model, are left out."""
         data = dict(data)
-        flat = {key: data.pop(key) for key in list(data) if key in _ANY_MODEL_KEY}
-        nested = data.get("model_params", {})
         model = data.get("model", TrainConfig.model)
-        if isinstance(nested, dict) and model in MODELS:
-            own = MODEL_KEYS[model]
-            unknown = sorted(set(nested) - own)
-            if unknown:
-                raise ConfigError(f"{source}: model_params: unknown key(s) {', '.join(unknown)} "
-                                  f"for model={model}; valid keys: {', '.join(sorted(own))}")
-            data["model_params"] = {**{k: v for k, v in flat.items() if k in own}, **nested}
-        for name, kind in SECTIONS.items():  # a section's keys, flat (earlier) or nested
-            given = data.get(name, {})
-            if not isinstance(given, dict):
-                raise ConfigError(f"{source}: {name} must hold keys, got {given!r}")
-            keys = {f.name for f in dataclasses.fields(kind)}
-            unknown = sorted(set(given) - keys)
-            if unknown:
-                raise ConfigError(f"{source}: {name}: unknown key(s) {', '.join(unknown)}; "
-                                  f"valid keys: {', '.join(sorted(keys))}")
-            values = {**{key: data.pop(key) for key in list(data) if key in keys}, **given}
-            data[name] = kind(**values)
+        if model in MODELS:  # else: `check` names the model key
+            data["model_params"] = _gather(data, "model_params", MODEL_KEYS[model], source,
+                                           f" for model={model}")
+        for key in _ANY_MODEL_KEY & set(data):  # another model's, as a flat file holds them
+            del data[key]
+        for name, kind in SECTIONS.items():
+            data[name] = kind(**_gather(data, name, _SECTION_KEYS[name], source))
         valid = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(data) - valid)
         if unknown:
@@ -373,20 +360,15 @@ class TrainConfig:
         hints = typing.get_type_hints(TrainConfig)
         for f in dataclasses.fields(self):
             if f.name in SECTIONS:
-                self._check_section(f.name, source)
+                self._check_nested(f.name, SECTIONS[f.name], source)
             elif f.name not in ("task_params", "model_params"):  # checked below
                 _check_type(f.name, getattr(self, f.name), hints[f.name], source)
         if type(self.task_params) is not TASKS.get(self.task):
             raise ConfigError(f"{source}: task_params must be the parameters of task "
                               f"{self.task!r}, got {self.task_params!r}")
         self.check_choices(source)
-        options = MODELS[self.model].options
-        if type(self.model_params) is not options:
-            raise ConfigError(f"{source}: model_params must be the options of model "
-                              f"{self.model!r} ({options.__name__}), got {self.model_params!r}")
-        option_hints = typing.get_type_hints(options)
-        for f in dataclasses.fields(options):
-            _check_type(f.name, getattr(self.model_params, f.name), option_hints[f.name], source)
+        self._check_nested("model_params", MODELS[self.model].options, source,
+                           f"the options of model {self.model!r}")
         for key, (test, wanted) in _RANGES.items():
             value = self.value(key)
             if not test(value):
@@ -438,14 +420,16 @@ class TrainConfig:
                 raise ConfigError(f"{source}: curriculum_start={start} is not a size of this "
                                   f"task: {e}") from None
 
-    def _check_section(self, name: str, source: str) -> None:
-        """The type of section ``name`` and of each of its keys."""
-        section, kind = getattr(self, name), SECTIONS[name]
-        if type(section) is not kind:
-            raise ConfigError(f"{source}: {name} must be {kind.__name__}, got {section!r}")
+    def _check_nested(self, name: str, kind: type, source: str, what: str = "") -> None:
+        """That field ``name`` (a section, the model's options) is a ``kind``, ``what`` it
+        must be, and the type of each of its keys."""
+        nested = getattr(self, name)
+        if type(nested) is not kind:
+            raise ConfigError(f"{source}: {name} must be {what + ' (' if what else ''}"
+                              f"{kind.__name__}{')' if what else ''}, got {nested!r}")
         hints = typing.get_type_hints(kind)
         for f in dataclasses.fields(kind):
-            _check_type(f.name, getattr(section, f.name), hints[f.name], source)
+            _check_type(f.name, getattr(nested, f.name), hints[f.name], source)
 
     def _check_memory(self, source: str) -> None:
         """The memory's size, and the model's state, at ``memory_size`` and
@@ -507,8 +491,9 @@ class TrainConfig:
             raise ConfigError(f"{source}: input_max_norm_channels="
                               f"{self.optim.input_max_norm_channels}: {self.task} has input "
                               f"channels 0 to {width - 1}")
-        if not self.optim.input_max_norm and (self.optim.input_max_norm_channels
-                                        or self.optim.input_max_norm_ramp):
+        optim = self.optim
+        if not optim.input_max_norm and (optim.input_max_norm_channels
+                                         or optim.input_max_norm_ramp):
             raise ConfigError(f"{source}: input_max_norm_channels and input_max_norm_ramp act "
                               f"only with a cap: set input_max_norm (> 0)")
 
@@ -524,8 +509,25 @@ class TrainConfig:
 
 # The config's sections, by field, and the section of each of their keys.
 SECTIONS = {"optim": Optimiser, "stabilise": Stabilisation, "evaluation": Evaluation}
-SECTION_OF = MappingProxyType({f.name: name for name, section in SECTIONS.items()
-                               for f in dataclasses.fields(section)})
+_SECTION_KEYS = {name: frozenset(f.name for f in dataclasses.fields(section))
+                 for name, section in SECTIONS.items()}
+SECTION_OF = MappingProxyType({key: name for name, keys in _SECTION_KEYS.items()
+                               for key in keys})
+
+
+def _gather(data: dict, name: str, keys: frozenset, source: str, whose: str = "") -> dict:
+    """The keys of ``data[name]`` (a section, the model's options, as config.json nests them)
+    and those of ``keys`` at the top level of ``data`` (as earlier, flat versions wrote them),
+    which it takes out of ``data``; a `ConfigError` for a ``data[name]`` that is not a dict of
+    ``keys``."""
+    given = data.get(name, {})
+    if not isinstance(given, dict):
+        raise ConfigError(f"{source}: {name} must hold keys, got {given!r}")
+    unknown = sorted(set(given) - keys)
+    if unknown:
+        raise ConfigError(f"{source}: {name}: unknown key(s) {', '.join(unknown)}{whose}; "
+                          f"valid keys: {', '.join(sorted(keys))}")
+    return {**{key: data.pop(key) for key in keys & set(data)}, **given}
 
 
 def _finite(lo: float, hi: float = math.inf, lo_open=False, hi_open=False):
@@ -764,12 +766,21 @@ def _pair(item: str) -> tuple[int, int] | None:
     return pair if sep and min(pair) >= 1 else None
 
 
-def _check_type(name: str, value, expected, source: str) -> None:
+def optional_type(expected):
+    """The type ``T`` of an optional hint ``T | None``, or None for any other hint."""
     args = typing.get_args(expected)
     if typing.get_origin(expected) in (typing.Union, types.UnionType) and type(None) in args:
+        others = [a for a in args if a is not type(None)]
+        return others[0] if len(others) == 1 else None
+    return None
+
+
+def _check_type(name: str, value, expected, source: str) -> None:
+    inner = optional_type(expected)
+    if inner is not None:
         if value is None:  # an optional option's None
             return
-        expected = next(a for a in args if a is not type(None))
+        expected = inner
     if typing.get_origin(expected) is list:  # list[int]
         least, kind = list_kind(name)
         if not isinstance(value, list) or not all(

@@ -9,28 +9,25 @@ listed.
 from __future__ import annotations
 
 import dataclasses
-import types
 import typing
 
-from torch_ntm.config import MODEL_KEYS, SECTIONS, ConfigError, TrainConfig, list_kind
+from torch_ntm.config import (
+    MODEL_KEYS,
+    SECTIONS,
+    ConfigError,
+    TrainConfig,
+    list_kind,
+    optional_type,
+)
 from torch_ntm.registry import MODELS
 
 __all__ = ["apply_overrides", "override_keys"]
 
 
-def _optional(expected):
-    """The type ``T`` of an optional hint ``T | None``, or None for any other hint."""
-    args = typing.get_args(expected)
-    if typing.get_origin(expected) in (typing.Union, types.UnionType) and type(None) in args:
-        others = [a for a in args if a is not type(None)]
-        return others[0] if len(others) == 1 else None
-    return None
-
-
 def _parse_value(text: str, expected, name: str, option: str = "--set"):
     """Parse a command-line string into ``expected`` (bool, int, float, str, or one of these
     or None: ``none`` or nothing gives None), or raise."""
-    inner = _optional(expected)
+    inner = optional_type(expected)
     if inner is not None:
         if text.strip().lower() in ("", "none"):
             return None
@@ -181,7 +178,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str], option: str = "--
 def _check_applies(config: TrainConfig, changes: dict, option: str) -> None:
     """A `ConfigError` for a key set that shapes another model than the config's only (``--set
     sparse_link=4`` on an NTM), which would be ignored and written to config.json."""
-    shaping = frozenset().union(*MODEL_KEYS.values())
+    shaping = _MODEL_HINTS.keys()
     for key in changes:
         if key in shaping and key not in MODEL_KEYS.get(config.model, shaping):
             others = [name for name, keys in MODEL_KEYS.items() if key in keys]
