@@ -95,8 +95,12 @@ def test_large_memories_in_separate_blocks_match_eager():
     model = NTM(6, 4, controller_size=11, memory_size=1024, memory_width=20,
                 dtype=torch.float64)
     x = torch.randn(3, 8, 6, dtype=torch.float64)
-    buffers = native._buffers(native._plan(model, x.device).cfg, 3, 8, 1024, x, True)
+    cfg = native._plan(model, x.device).cfg
+    buffers = library.allocate(native._call(cfg, 1e-300, 3, 8, 1024, True), x)
     assert isinstance(buffers.mem, tuple) and len(buffers.mem) == 4
+    assert isinstance(buffers.addr, torch.Tensor)  # 2 heads' similarities: 131 KB per step
+    small = library.allocate(native._call(cfg, 1e-300, 3, 8, 64, True), x)
+    assert isinstance(small.mem, torch.Tensor) and small.mem.shape == (4, 8, 20, 64)
     _assert_same(_run(_eager(model), model, x), _run(_native(model), model, x),
                  rtol=1e-10, atol=1e-12)
 
@@ -123,8 +127,8 @@ def test_a_batch_run_in_chunks_matches_eager(name, monkeypatch):
     monkeypatch.setattr(native, "_SPLIT_BYTES", 0)
     monkeypatch.setattr(native, "_CHUNK_BYTES", 2 * memory_bytes)
     calls = []
-    call = native.call
-    monkeypatch.setattr(native, "call", lambda name, *a: (calls.append(name), call(name, *a)))
+    call = library.call
+    monkeypatch.setattr(library, "call", lambda name, *a: (calls.append(name), call(name, *a)))
     eager = _run(_eager(model), model, x)
     _assert_same(eager, _run(_native(model), model, x), rtol=1e-10, atol=1e-12)
     assert calls == ["torch_ntm_forward"] * 3 + ["torch_ntm_backward"] * 3
@@ -207,8 +211,7 @@ def test_an_error_in_cpp_reaches_python_with_its_message():
     # A description the kernels reject (a negative layer count), before a pointer is read.
     model = NTM(3, 2, controller_size=4, memory_size=5, memory_width=2)
     x = torch.zeros(2, 1, 3)
-    buf = native._buffers(native._plan(model, x.device).cfg, 2, 1, 5, x, True)
-    description = native._description(native._plan(model, x.device).cfg, 1e-38, buf, True)
+    description = native._call(native._plan(model, x.device).cfg, 1e-38, 2, 1, 5, True)
     description.layers = -5
     with pytest.raises(RuntimeError, match="torch_ntm_forward failed: sizes out of range .*L -5"):
         library.call("torch_ntm_forward", torch.float32, description, [0] * 40)
@@ -220,11 +223,10 @@ def test_a_call_in_another_dtype_than_the_library_s_is_refused_by_it():
     model = NTM(3, 2, controller_size=4, memory_size=5, memory_width=2)
     x = torch.zeros(2, 1, 3)
     cfg = native._plan(model, x.device).cfg
-    buf = native._buffers(cfg, 2, 1, 5, x, True)
     lib = library.library("ntm", torch.float32)
     kernel = lib.torch_ntm_forward
     kernel.argtypes, kernel.restype = library._KERNEL_ARGS, ctypes.c_int
-    description = native._description(cfg, 1e-38, buf, True)
+    description = native._call(cfg, 1e-38, 2, 1, 5, True)
     assert kernel(1, ctypes.byref(description), None) == 1
     assert lib.torch_ntm_last_error().decode() == ("a call in dtype code 1 to the library built "
                                                    "for code 0")
@@ -250,7 +252,7 @@ def test_the_header_shares_the_constants_and_reads_the_buffers_by_the_table():
     names = [b.name for b in MANNCall.buffers]
     assert [take.index(f"    {n}_ = ") for n in names] == sorted(take.index(f"    {n}_ = ")
                                                              for n in names)
-    assert "z_size = (d.batch) * (d.heads * d.width + d.controller);" in take
+    assert "z_size = d.batch * ((d.heads * d.width) + d.controller);" in take
     assert "link_.push_back" in text[text.index("size_t take(const DNCCall& d"):]
     assert "struct DNCCallBackward { enum : size_t { wrh, wp, dhs," in text
 
@@ -276,8 +278,39 @@ def test_buffers_are_allocated_and_passed_in_the_tables_order():
                         *(t.data_ptr() for t in flat)]
     with pytest.raises(TypeError, match="takes"):
         library.arguments(call, "forward", {"xpre": like}, buf)
-    with pytest.raises(ValueError, match="only sums and products"):
+    with pytest.raises(ValueError, match="only sums, differences and products"):
         library._size("rows // 2", call)
+
+
+@pytest.mark.parametrize("lstm", [1, 0])
+def test_the_ntm_s_table_gives_each_layer_its_buffers_and_the_lists_follow_the_buffers(lstm):
+    from torch_ntm.engines.calls import NTMCall
+
+    # 3 layers of C = 5, 2 read heads of M = 4, 1 write head, N = 6, P = 11 head outputs
+    call = NTMCall(steps=3, batch=2, layers=3, hidden=5, read_heads=2, write_heads=1, width=4,
+                   rows=6, shifts=3, lstm=lstm, keep_all=1, block_end=(4, 7, 9, 11))
+    like = torch.zeros(1, dtype=torch.float64)
+    buf = library.allocate(call, like)
+    gates = 4 * 5 if lstm else 5
+    assert [z.shape for z in buf.z] == [(3, 2, 2 * 4 + 5 * lstm), (3, 2, 5 + 5 * lstm),
+                                        (3, 2, 5 + 5 * lstm)]
+    assert [a.shape for a in buf.act] == [(3, 2, gates)] * 3
+    assert buf.cell.shape == (4, 3 * lstm, 2, 5) and buf.raw.shape == (3, 2, 11)
+    assert buf.mem.shape == (4, 2, 4, 6)  # small: one allocation, one address per slot passed
+    assert all(a is b for a, b in zip(library.flat(library.unflat(call, library.flat(buf))),
+                                      library.flat(buf)))
+    named = {n: torch.zeros(1, dtype=torch.float64) for n in NTMCall.forward_args}
+    weights = [torch.zeros(1, dtype=torch.float64) for _ in range(3)]
+    pointers = library.arguments(call, "forward", named, buf, (weights, weights[1:]))
+    mem = buf.mem.data_ptr()
+    slot = buf.mem.stride(0) * 8
+    assert pointers[4 + 8 : 4 + 8 + 4] == [mem, mem + slot, mem + 2 * slot, mem + 3 * slot]
+    assert pointers[-5:] == [w.data_ptr() for w in (*weights, *weights[1:])]
+    text = library.header()
+    take = text[text.index("size_t take(const NTMCall& d"):]
+    assert ("z_size.push_back(d.batch * (((layer == 0) ? (d.read_heads * d.width) : d.hidden) + "
+            "(d.lstm * d.hidden)));") in take
+    assert "raw_size = d.batch * d.block_end[3];" in take
 
 
 def test_prepare_builds_in_the_background_once_and_the_first_call_waits_for_it(monkeypatch):

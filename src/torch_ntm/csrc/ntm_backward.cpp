@@ -9,21 +9,24 @@ template void backward<Real>(const View<Real>&, const Params<Real>&, int64_t, co
 
 namespace {
 
+// pointers: NTMCallBackward's, the buffers, then each layer's weights and each layer's dpre
+// (engines/calls.py's NTMCall).
 template <typename F>
 void run_backward(const NTMCall* d, const uintptr_t* p) {
-  View<F> v{config(*d)};
-  const int64_t L = v.c.L;
+  using A = NTMCallBackward;
+  const View<F> v(*d, p + A::count);
+  const uintptr_t* lists = p + A::count + v.end;
+  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Params<F> params{};
-  params.wp = reinterpret_cast<const F*>(p[0]);
-  size_t i = 1;
-  i += take(p + i, L, params.weights);
-  i += take_view(p + i, d->steps + 1, d->steps, v);
-  std::vector<F*> g;
-  i += take(p + i, 8, g);  // dh_out, dreads_out, then the carried dmem, dwr, dww, dreads, dh, dc
-  Carried<F> carried{g[2], g[3], g[4], g[5], g[6], g[7]};
+  params.wp = ptr(A::wp);
   std::vector<F*> dpre;
-  i += take(p + i, L, dpre);
-  backward<F>(v, params, d->steps, g[0], g[1], carried, dpre, reinterpret_cast<F*>(p[i]));
+  for (int64_t l = 0; l < v.c.L; ++l) {
+    params.weights.push_back(reinterpret_cast<const F*>(lists[l]));
+    dpre.push_back(reinterpret_cast<F*>(lists[v.c.L + l]));
+  }
+  Carried<F> carried{ptr(A::dmem), ptr(A::dwr), ptr(A::dww), ptr(A::dreads0), ptr(A::dh),
+                     ptr(A::dc)};
+  backward<F>(v, params, d->steps, ptr(A::dhs), ptr(A::dreads), carried, dpre, ptr(A::draw));
 }
 
 }  // namespace

@@ -8,21 +8,23 @@ template void forward<Real>(const View<Real>&, const Params<Real>&, int64_t, boo
 
 namespace {
 
+// pointers: NTMCallForward's, the buffers, then each layer's weights and the biases of layers
+// 1 and up (engines/calls.py's NTMCall).
 template <typename F>
 void run_forward(const NTMCall* d, const uintptr_t* p) {
-  View<F> v{config(*d)};
-  const int64_t L = v.c.L;
+  using A = NTMCallForward;
+  const View<F> v(*d, p + A::count);
+  const uintptr_t* lists = p + A::count + v.end;
   Params<F> params;
-  params.xpre = reinterpret_cast<const F*>(p[0]);
-  params.wp = reinterpret_cast<const F*>(p[1]);
-  params.bp = reinterpret_cast<const F*>(p[2]);
-  params.reads0 = reinterpret_cast<const F*>(p[3]);
-  size_t i = 4;
-  i += take(p + i, L, params.weights);
-  i += take(p + i, L - 1, params.biases);
-  const bool keep_all = d->keep_all != 0;
-  take_view(p + i, keep_all ? d->steps + 1 : 2, keep_all ? d->steps : 1, v);
-  forward<F>(v, params, d->steps, keep_all);
+  params.xpre = reinterpret_cast<const F*>(p[A::xpre]);
+  params.wp = reinterpret_cast<const F*>(p[A::wp]);
+  params.bp = reinterpret_cast<const F*>(p[A::bp]);
+  params.reads0 = reinterpret_cast<const F*>(p[A::reads0]);
+  for (int64_t l = 0; l < v.c.L; ++l) {
+    params.weights.push_back(reinterpret_cast<const F*>(lists[l]));
+    if (l > 0) params.biases.push_back(reinterpret_cast<const F*>(lists[v.c.L + l - 1]));
+  }
+  forward<F>(v, params, d->steps, d->keep_all != 0);
 }
 
 }  // namespace

@@ -13,6 +13,8 @@
 #include "calls.h"  // generated from engines/ntm.py's NTMCall
 
 #include <cstdint>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 namespace torch_ntm {
@@ -42,30 +44,64 @@ struct Cfg {
   int64_t shift(int64_t k) const { return at(SHIFT, k); }
 };
 
-// The buffers of one call (engines/ntm.py's `_buffers`, with their shapes) as raw pointers, and where
-// one slot's (T + 1 of state) or one step's (T of intermediates) part of each begins.
-template <typename F>
-struct View {
+// The static sizes of a call, checked: Python checks shapes before it calls; this catches a
+// description that does not fit this library before any pointer is read.
+inline Cfg config(const NTMCall& d) {
+  // Python checks shapes before it calls; this catches a description that does not fit this
+  // library before any pointer is read.
+  const int64_t widths = sizeof(d.field_width) / sizeof(d.field_width[0]);
+  bool fields_ok = true;
+  for (int64_t f = 0; f < widths; ++f) {
+    fields_ok = fields_ok && d.field_width[f] >= 1 && d.field_start[2 * f] >= -1 &&
+                d.field_start[2 * f + 1] >= -1;
+  }
+  if (d.steps < 1 || d.batch < 1 || d.layers < 1 || d.hidden < 1 || d.read_heads < 1 ||
+      d.write_heads < 0 || d.width < 1 || d.rows < 1 || d.shifts < 1 || d.shifts % 2 == 0 ||
+      d.shifts > d.rows || d.block_end[0] < 0 || d.block_end[1] < d.block_end[0] ||
+      d.block_end[2] < d.block_end[1] || d.block_end[3] < d.block_end[2] || !fields_ok) {
+    throw std::invalid_argument(
+        "sizes out of range (T " + std::to_string(d.steps) + ", B " + std::to_string(d.batch) +
+        ", L " + std::to_string(d.layers) + ", C " + std::to_string(d.hidden) + ", Hr " +
+        std::to_string(d.read_heads) + ", Hw " + std::to_string(d.write_heads) + ", M " +
+        std::to_string(d.width) + ", N " + std::to_string(d.rows) + ", S " +
+        std::to_string(d.shifts) + ")");
+  }
   Cfg c;
-  F *h_{}, *c_{}, *msq_{}, *wr_{}, *ww_{}, *hs_{}, *reads_{}, *raw_{};
-  // The memories and addressing intermediates, the largest buffers, one block per slot or step:
-  // blocks of a few MB are reused from the heap between calls, where one block of all steps
-  // would be mapped afresh (and page-faulted) on every call.
-  std::vector<F*> mem_{}, addr_{};
-  std::vector<F*> z_{}, act_{};
+  c.call = d;
+  c.B = d.batch;
+  c.L = d.layers;
+  c.C = d.hidden;
+  c.Hr = d.read_heads;
+  c.Hw = d.write_heads;
+  c.H = c.Hr + c.Hw;
+  c.M = d.width;
+  c.N = d.rows;
+  c.S = d.shifts;
+  c.R = (c.S - 1) / 2;
+  c.o_sig = d.block_end[0];
+  c.o_sp = d.block_end[1];
+  c.o_sm = d.block_end[2];
+  c.P = d.block_end[3];
+  c.lstm = d.lstm != 0;
+  c.beta_cap = d.beta_cap;
+  c.gamma_cap = d.gamma_cap;
+  c.tiny = d.tiny;
+  return c;
+}
 
-  F* h(int64_t slot, int64_t l) const { return h_ + (slot * c.L + l) * c.B * c.C; }
-  F* cell(int64_t slot, int64_t l) const { return c_ + (slot * c.L + l) * c.B * c.C; }
-  F* mem(int64_t slot) const { return mem_[slot]; }
-  F* msq(int64_t slot) const { return msq_ + slot * c.B * c.N; }
-  F* wr(int64_t slot) const { return wr_ + slot * c.B * c.Hr * c.N; }
-  F* ww(int64_t slot) const { return ww_ + slot * c.B * c.Hw * c.N; }
-  F* hs(int64_t t) const { return hs_ + t * c.B * c.C; }
-  F* reads(int64_t t) const { return reads_ + t * c.B * c.Hr * c.M; }
-  F* raw(int64_t st) const { return raw_ + st * c.B * c.P; }
-  F* addr(int64_t st) const { return addr_[st]; }
-  F* z(int64_t l, int64_t st) const { return z_[l] + st * c.B * c.z_size(l); }
-  F* act(int64_t l, int64_t st) const { return act_[l] + st * c.B * c.gate_size(); }
+// The buffers of one call (NTMCall's table in engines/calls.py, read by the generated
+// NTMCallBuffers), with the sizes, and the controller's state by slot and layer.
+template <typename F>
+struct View : NTMCallBuffers<F> {
+  // Reads the buffers' addresses from p on (`end`: how many).
+  View(const NTMCall& d, const uintptr_t* p) : c(config(d)), end(this->take(d, p)) {}
+  Cfg c;
+  size_t end;
+
+  F* h(int64_t slot, int64_t l) const { return NTMCallBuffers<F>::h(slot) + l * c.B * c.C; }
+  F* cell(int64_t slot, int64_t l) const {
+    return NTMCallBuffers<F>::cell(slot) + l * c.B * c.C;
+  }
 };
 
 // The parameters and inputs of a call.

@@ -30,14 +30,17 @@ class Buffer(NamedTuple):
     "steps" (T, always) or "kept" (every step's intermediates, T; one for inference), and the
     shape's sizes are expressions of the call's fields. One allocation, or with ``blocks`` one per
     slot or step (a large buffer: the heap reuses such blocks between calls, where one allocation
-    of them all would be mapped afresh every call). `torch_ntm.engines.library` allocates them
-    (`allocate`), passes their addresses in this order (`arguments`) and generates the C++ that
-    reads them (``calls.h``: a struct with one accessor per buffer)."""
+    of them all would be mapped afresh every call); ``blocks="large"``: in blocks where one slot
+    or step takes 1 MB or more. ``per``: one such buffer per layer, that many (an expression),
+    whose shape may read ``layer``. `torch_ntm.engines.library` allocates them (`allocate`),
+    passes their addresses in this order (`arguments`) and generates the C++ that reads them
+    (``calls.h``: a struct with one accessor per buffer)."""
 
     name: str
     count: str
     shape: tuple[str, ...]
-    blocks: bool = False
+    blocks: bool | str = False
+    per: str = ""
 
 
 def _lstm_buffers(reads: str) -> tuple[Buffer, ...]:
@@ -99,6 +102,35 @@ class NTMCall(Description):
     sources = ("ntm_forward.cpp", "ntm_backward.cpp")
     cpp = "enum HeadField : int { " + ", ".join(
         f"{f.name.upper()} = {i}" for i, f in enumerate(HEAD_FIELDS)) + " };"
+    # What the forward fills and the backward reads (csrc/ntm.h), memory transposed ([M, N] per
+    # batch element) and the head layer's outputs in the kernels' blocks (``raw``, P of them:
+    # where the softmax block ends).
+    buffers = (
+        Buffer("h", "slots", ("layers", "batch", "hidden")),  # each layer's output
+        Buffer("cell", "slots", ("layers * lstm", "batch", "hidden")),  # the LSTMs' cells
+        Buffer("msq", "slots", ("batch", "rows")),  # the memory rows' squared norms
+        Buffer("wr", "slots", ("batch", "read_heads", "rows")),
+        Buffer("ww", "slots", ("batch", "write_heads", "rows")),
+        Buffer("hs", "steps", ("batch", "hidden")),  # the top layer's output
+        Buffer("reads", "steps", ("batch", "read_heads", "width")),
+        Buffer("raw", "kept", ("batch", "block_end[3]")),
+        Buffer("mem", "slots", ("batch", "width", "rows"), blocks="large"),
+        # the heads' cosine similarities, write heads first
+        Buffer("addr", "kept", ("batch", "read_heads + write_heads", "rows"), blocks="large"),
+        # each layer's matmul input: [reads, h] for layer 0, [the layer below's h, h] above (an
+        # LSTM), without h for feed-forward layers
+        Buffer("z", "kept", ("batch", "(read_heads * width if layer == 0 else hidden) + lstm * "
+                             "hidden"), per="layers"),
+        # the LSTMs' activated gates (i, f, o, g), or a feed-forward layer's output
+        Buffer("act", "kept", ("batch", "4 * hidden if lstm == 1 else hidden"), per="layers"),
+    )
+    # then, after the buffers, each layer's weights [G, in + C] (G = 4C for an LSTM, gates i, f,
+    # o, g; C feed-forward) and the biases of layers 1 and up
+    forward_args = ("xpre", "wp", "bp", "reads0")
+    # the gradients of the outputs, those of the initial state (each carried in the state's: the
+    # initial state's on return) and draw; then, after the buffers, each layer's weights and
+    # each layer's dpre [T, B, G] (written)
+    backward_args = ("wp", "dhs", "dreads", "dmem", "dwr", "dww", "dreads0", "dh", "dc", "draw")
 
 
 class MANNCall(Description):

@@ -23,8 +23,8 @@ import ctypes
 import functools
 import hashlib
 import logging
+import math
 import os
-import re
 import subprocess
 import threading
 from pathlib import Path
@@ -95,29 +95,60 @@ def header() -> str:
 
 # How many slots or steps a buffer has: with every step's kept (for a backward), and without.
 _COUNTS = {"slots": ("steps + 1", "2"), "steps": ("steps", "steps"), "kept": ("steps", "1")}
-_NAME = re.compile(r"[A-Za-z_]\w*")
+_BINARY = {ast.Add: ("+", int.__add__), ast.Sub: ("-", int.__sub__),
+           ast.Mult: ("*", int.__mul__)}
+# A "large" buffer (`Buffer.blocks`) is allocated in blocks from this many bytes a slot or step.
+_BLOCK_BYTES = 1 << 20
 
 
-def _size(expression: str, call: Description) -> int:
-    """A buffer's size ``expression`` (sums and products of the call's fields and integers) for
-    ``call``."""
+def _expression(expression: str, call_name: str, evaluate, layer: int | None = None):
+    """A buffer's size ``expression`` (sums, differences and products of the call's fields, its
+    arrays' elements and integers, ``a if c == d else b``, and ``layer``, the index of a
+    per-layer buffer), evaluated (``evaluate``: a call) or written as C++ (None; the call is
+    ``d``)."""
 
-    def value(node):
-        if isinstance(node, ast.BinOp) and isinstance(node.op, (ast.Add, ast.Mult)):
-            a, b = value(node.left), value(node.right)
-            return a + b if isinstance(node.op, ast.Add) else a * b
+    def walk(node):
+        if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
+            symbol, op = _BINARY[type(node.op)]
+            a, b = walk(node.left), walk(node.right)
+            return f"({a} {symbol} {b})" if evaluate is None else op(a, b)
         if isinstance(node, ast.Name):
-            return int(getattr(call, node.id))
+            if node.id == "layer":
+                return "layer" if evaluate is None else layer
+            return f"d.{node.id}" if evaluate is None else int(getattr(evaluate, node.id))
         if isinstance(node, ast.Constant) and type(node.value) is int:
-            return node.value
-        raise ValueError(f"{type(call).__name__} buffer size {expression!r}: only sums and "
-                         "products of the call's fields and integers")
+            return str(node.value) if evaluate is None else node.value
+        if (isinstance(node, ast.Subscript) and isinstance(node.value, ast.Name)
+                and isinstance(node.slice, ast.Constant) and type(node.slice.value) is int):
+            if evaluate is None:
+                return f"d.{node.value.id}[{node.slice.value}]"
+            return int(getattr(evaluate, node.value.id)[node.slice.value])
+        if isinstance(node, ast.IfExp):
+            test, a, b = walk(node.test), walk(node.body), walk(node.orelse)
+            return f"({test} ? {a} : {b})" if evaluate is None else (a if test else b)
+        if (isinstance(node, ast.Compare) and len(node.ops) == 1
+                and isinstance(node.ops[0], ast.Eq)):
+            a, b = walk(node.left), walk(node.comparators[0])
+            return f"({a} == {b})" if evaluate is None else a == b
+        raise ValueError(f"{call_name} buffer size {expression!r}: only sums, differences and "
+                         "products of the call's fields and integers, and 'a if c == d else b'")
 
-    return value(ast.parse(expression, mode="eval").body)
+    return walk(_parsed(expression))
 
 
-def _cpp(expression: str) -> str:
-    return "(" + _NAME.sub(lambda m: f"d.{m.group()}", expression) + ")"
+@functools.cache
+def _parsed(expression: str) -> ast.expr:
+    return ast.parse(expression, mode="eval").body
+
+
+def _size(expression: str, call: Description, layer: int | None = None) -> int:
+    """A buffer's size ``expression`` for ``call`` (`_expression`)."""
+    return _expression(expression, type(call).__name__, call, layer)
+
+
+def _cpp(expression: str, desc: type[Description]) -> str:
+    """A buffer's size ``expression`` in C++, of the call ``d`` (`_expression`)."""
+    return _expression(expression, desc.__name__, None)
 
 
 def _count(buffer, call: Description) -> int:
@@ -125,35 +156,54 @@ def _count(buffer, call: Description) -> int:
     return _size(_COUNTS[buffer.count][0 if call.keep_all else 1], call)
 
 
-def _count_cpp(buffer) -> str:
+def _count_cpp(buffer, desc: type[Description]) -> str:
     kept, inference = _COUNTS[buffer.count]
-    return f"(d.keep_all ? {_cpp(kept)} : {_cpp(inference)})"
+    return f"(d.keep_all ? {_cpp(kept, desc)} : {_cpp(inference, desc)})"
+
+
+def _in_blocks(buffer, call: Description, element_size: int) -> bool:
+    """Whether ``buffer`` is allocated as one block per slot or step in ``call``."""
+    if buffer.blocks != "large":
+        return bool(buffer.blocks)
+    return math.prod(_size(e, call) for e in buffer.shape) * element_size >= _BLOCK_BYTES
 
 
 def _buffers_cpp(desc: type[Description]) -> list[str]:
     """The C++ of a buffer table: ``struct {Call}Buffers<F>`` with an accessor per buffer (its
-    slot's or step's start) and ``take``, which reads the addresses in the table's order; and
-    ``{Call}Forward`` / ``{Call}Backward``, the numbers of the addresses before the buffers."""
+    slot's or step's start; a per-layer buffer's takes the layer first) and ``take``, which reads
+    the addresses in the table's order; and ``{Call}Forward`` / ``{Call}Backward``, the numbers
+    of the addresses before the buffers."""
     name = desc.__name__
-    single = [b for b in desc.buffers if not b.blocks]
-    blocks = [b for b in desc.buffers if b.blocks]
+    single = [b for b in desc.buffers if not b.blocks and not b.per]
     lines = [f"// {name}'s buffers, in the order of its table (torch_ntm.engines.calls).",
              "template <typename F>", f"struct {name}Buffers {{"]
     if single:
         lines.append("  F " + ", ".join(f"*{b.name}_ = nullptr" for b in single) + ";")
         lines.append("  int64_t " + ", ".join(f"{b.name}_size = 0" for b in single)
                      + ";  // the elements of one slot or step")
-    lines += [f"  std::vector<F*> {b.name}_;  // one block per slot or step" for b in blocks]
-    lines += [f"  F* {b.name}(int64_t i) const {{ return {b.name}_ + i * {b.name}_size; }}"
-              for b in single]
-    lines += [f"  F* {b.name}(int64_t i) const {{ return {b.name}_[i]; }}" for b in blocks]
+    for b in desc.buffers:
+        if b.blocks:
+            lines += [f"  std::vector<F*> {b.name}_;  // one block per slot or step",
+                      f"  F* {b.name}(int64_t i) const {{ return {b.name}_[i]; }}"]
+        elif b.per:
+            lines += [f"  std::vector<F*> {b.name}_;  // one per layer",
+                      f"  std::vector<int64_t> {b.name}_size;  // a slot's or step's elements",
+                      f"  F* {b.name}(int64_t layer, int64_t i) const {{ "
+                      f"return {b.name}_[layer] + i * {b.name}_size[layer]; }}"]
+        else:
+            lines.append(f"  F* {b.name}(int64_t i) const {{ return {b.name}_ + i * "
+                         f"{b.name}_size; }}")
     lines += ["  // Reads the buffers' addresses from p on; returns how many it read.",
               f"  size_t take(const {name}& d, const uintptr_t* p) {{", "    size_t i = 0;"]
     for b in desc.buffers:
-        size = " * ".join(_cpp(e) for e in b.shape)
+        size = " * ".join(_cpp(e, desc) for e in b.shape)
         if b.blocks:
-            lines.append(f"    for (int64_t k = 0; k < {_count_cpp(b)}; ++k) "
+            lines.append(f"    for (int64_t k = 0; k < {_count_cpp(b, desc)}; ++k) "
                          f"{b.name}_.push_back(reinterpret_cast<F*>(p[i++]));")
+        elif b.per:
+            lines += [f"    for (int64_t layer = 0; layer < {_cpp(b.per, desc)}; ++layer) {{",
+                      f"      {b.name}_.push_back(reinterpret_cast<F*>(p[i++]));",
+                      f"      {b.name}_size.push_back({size});", "    }"]
         else:
             lines += [f"    {b.name}_ = reinterpret_cast<F*>(p[i++]);",
                       f"    {b.name}_size = {size};"]
@@ -169,16 +219,36 @@ def _buffers_type(desc: type[Description]) -> type:
     return collections.namedtuple(f"{desc.__name__}Buffers", [b.name for b in desc.buffers])
 
 
+@functools.lru_cache(maxsize=256)
+def _shapes(desc: type[Description], fields: bytes, element_size: int) -> tuple:
+    """Per buffer of a call (``fields``: the call's bytes) how it is allocated: ``("one",
+    shape)``, ``("blocks", count, shape)`` or ``("per", shapes)``, one shape per layer."""
+    call = desc.from_buffer_copy(fields)
+    out = []
+    for b in desc.buffers:
+        count = _count(b, call)
+        if b.per:
+            out.append(("per", tuple((count, *(_size(e, call, layer) for e in b.shape))
+                                     for layer in range(_size(b.per, call)))))
+        elif _in_blocks(b, call, element_size):
+            out.append(("blocks", count, tuple(_size(e, call) for e in b.shape)))
+        else:
+            out.append(("one", (count, *(_size(e, call) for e in b.shape))))
+    return tuple(out)
+
+
 def allocate(call: Description, like: torch.Tensor):
     """The buffers of ``call``'s table, uninitialised, of ``like``'s dtype and device: a named
-    tuple of a tensor ``[count, *shape]`` per buffer, or, for blocks, a tuple of ``count``
-    tensors of ``shape``."""
+    tuple of a tensor ``[count, *shape]`` per buffer; for blocks (`Buffer.blocks`), a tuple of
+    ``count`` tensors of ``shape``; for a per-layer buffer, a tuple of one tensor per layer."""
     out = []
-    for b in type(call).buffers:
-        count = _count(b, call)
-        shape = [_size(e, call) for e in b.shape]
-        out.append(tuple(like.new_empty(shape) for _ in range(count)) if b.blocks
-                   else like.new_empty(count, *shape))
+    for kind, *sizes in _shapes(type(call), bytes(call), like.element_size()):
+        if kind == "one":
+            out.append(like.new_empty(sizes[0]))
+        elif kind == "blocks":
+            out.append(tuple(like.new_empty(sizes[1]) for _ in range(sizes[0])))
+        else:
+            out.append(tuple(like.new_empty(shape) for shape in sizes[0]))
     return _buffers_type(type(call))(*out)
 
 
@@ -190,21 +260,36 @@ def flat(buffers) -> list[torch.Tensor]:
 def unflat(call: Description, tensors) -> tuple:
     """`flat`'s inverse, for buffers allocated for ``call``."""
     out, rest = [], list(tensors)
-    for b in type(call).buffers:
-        n = _count(b, call) if b.blocks else 1
-        out.append(tuple(rest[:n]) if b.blocks else rest[0])
+    for kind, *sizes in _shapes(type(call), bytes(call), rest[0].element_size()):
+        n = 1 if kind == "one" else sizes[0] if kind == "blocks" else len(sizes[0])
+        out.append(rest[0] if kind == "one" else tuple(rest[:n]))
         rest = rest[n:]
     return _buffers_type(type(call))(*out)
 
 
-def arguments(call: Description, which: str, named: dict, buffers) -> list[int]:
+def _addresses(call: Description, buffers) -> list[int]:
+    """The buffers' addresses as the generated ``take`` reads them: a block buffer's one per slot
+    or step (of its blocks, or of slices of its one tensor)."""
+    out = []
+    for b, value in zip(type(call).buffers, buffers):
+        if b.blocks and isinstance(value, torch.Tensor):
+            step = value.stride(0) * value.element_size()
+            out += range(value.data_ptr(), value.data_ptr() + step * value.shape[0], step)
+        else:
+            out += data(*((value,) if isinstance(value, torch.Tensor) else value))
+    return out
+
+
+def arguments(call: Description, which: str, named: dict, buffers, lists=()) -> list[int]:
     """The addresses a ``which`` ("forward" or "backward") kernel of ``call`` takes: the tensors
     ``named`` (exactly the names of the Description's ``{which}_args``, any order), in the
-    table's order, then the buffers'."""
+    table's order, then the buffers', then those of each sequence of tensors in ``lists`` (the
+    kernel reads them in that order, after the buffers)."""
     names = getattr(type(call), f"{which}_args")
     if set(named) != set(names):
         raise TypeError(f"{type(call).__name__} {which}: got {sorted(named)}, takes {names}")
-    return [*data(*(named[n] for n in names)), *data(*flat(buffers))]
+    return [*data(*(named[n] for n in names)), *_addresses(call, buffers),
+            *(address for tensors in lists for address in data(*tensors))]
 
 
 def _root() -> Path:

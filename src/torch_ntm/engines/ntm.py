@@ -5,8 +5,9 @@ dispatch, not arithmetic, is where the time goes. Here the time loop is C++ (``c
 compiled as ``ntm_forward.cpp`` and ``ntm_backward.cpp`` by `torch_ntm.engines.library`): the
 controller's and head layer's matmuls are BLAS calls over the batch, and the rest of a step
 (activations, addressing, erase and add, reads, the LSTM's gates, and their backward) vectorised
-loops over each batch element's memory. torch allocates every buffer (`_buffers`) and the C
-functions fill them; an `autograd.Function` wraps the two calls. The input projection of every
+loops over each batch element's memory. torch allocates every buffer of the call's table
+(`NTMCall.buffers`, by `torch_ntm.engines.library.allocate`) and the C functions fill them; an
+`autograd.Function` wraps the two calls. The input projection of every
 step, the output layer and the weight gradients are one matmul each over all steps, through
 ordinary autograd.
 
@@ -22,17 +23,16 @@ N memory rows, M row width, S = 2R + 1 shifts, Hr / Hw read / write heads, P hea
 from __future__ import annotations
 
 import functools
-import math
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from torch_ntm.engines import library
 from torch_ntm.engines.calls import NTM_BLOCKS as _BLOCKS
 from torch_ntm.engines.calls import NTMCall
 from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order, lstm_ifog
-from torch_ntm.engines.library import call, data, keep_freed_memory_once
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout
 from torch_ntm.states import NTMState
 
@@ -181,113 +181,32 @@ def _parameters(plan: _Plan, model: nn.Module, x: Tensor):
     return xpre, weights, biases, wp, bp
 
 
-class _Buffers(NamedTuple):
-    """What the forward writes and the backward reads (csrc/sequence.h's `View`): every step's,
-    or for inference two slots of state and one step of intermediates (``hs`` and ``reads``
-    always every step's)."""
-
-    h: Tensor  # [T+1, L, B, C] controller outputs per layer (slot 0: initial)
-    c: Tensor  # [T+1, L, B, C] LSTM cells ([T+1, 0, B, C] feed-forward)
-    msq: Tensor  # [T+1, B, N] squared row norms
-    wr: Tensor  # [T+1, B, Hr, N]
-    ww: Tensor  # [T+1, B, Hw, N]
-    hs: Tensor  # [T, B, C] the top layer's output
-    reads: Tensor  # [T, B, Hr, M]
-    raw: Tensor  # [T, B, P] the head layer's output
-    # The two largest, in blocks per slot or step (`_blocks`; csrc/sequence.h's View):
-    mem: Tensor | tuple  # T+1 of [B, M, N] memory, transposed
-    addr: Tensor | tuple  # T of [B, H, N] the heads' cosine similarities
-    z: tuple  # per layer [T, B, in + C | in] the layer's matmul input
-    act: tuple  # per layer [T, B, 4C] the LSTM's activated gates (i, f, o, g), or [T, B, C] h
-
-
-_SINGLE = _Buffers._fields.index("mem")  # the buffers before the blocks: one tensor each
-
-
-def _buffers(cfg: _Config, steps: int, batch: int, rows: int, like: Tensor, keep: bool):
-    hr, hw, m, c, layers = cfg.read_heads, cfg.write_heads, cfg.width, cfg.hidden, cfg.layers
-    slots, kept = (steps + 1, steps) if keep else (2, 1)
-    shapes = [
-        (slots, layers, batch, c), (slots, layers * cfg.lstm, batch, c), (slots, batch, rows),
-        (slots, batch, hr, rows), (slots, batch, hw, rows), (steps, batch, c),
-        (steps, batch, hr, m), (kept, batch, cfg.blocks.block_end[-1]),
-        *((kept, batch, (hr * m if layer == 0 else c) + c * cfg.lstm) for layer in range(layers)),
-        *((kept, batch, 4 * c if cfg.lstm else c) for _ in range(layers)),
-    ]  # fmt: skip
-    # All but the memories and addressing intermediates in one allocation, cut into views.
-    sizes = [math.prod(shape) for shape in shapes]
-    views = [v.view(shape) for v, shape in zip(like.new_empty(sum(sizes)).split(sizes), shapes)]
-    z, act = tuple(views[_SINGLE : _SINGLE + layers]), tuple(views[_SINGLE + layers :])
-    mem = _blocks(like, slots, (batch, m, rows))
-    addr = _blocks(like, kept, (batch, hr + hw, rows))
-    return _Buffers(*views[:_SINGLE], mem, addr, z, act)
-
-
-def _blocks(like: Tensor, count: int, shape: tuple) -> Tensor | tuple:
-    """``count`` tensors of ``shape``: views of one allocation, or, from 1 MB each, separate
-    tensors, which the heap reuses between calls (one allocation of them all would be mapped, and
-    page-faulted, afresh on every call)."""
-    if math.prod(shape) * like.element_size() < 1 << 20:
-        return like.new_empty(count, *shape)
-    return tuple(like.new_empty(shape) for _ in range(count))
-
-
-def _saved(buf: _Buffers) -> list[Tensor]:
-    """The buffers as a flat list of tensors, for `save_for_backward`."""
-    blocks = [[b] if isinstance(b, Tensor) else list(b) for b in (buf.mem, buf.addr)]
-    return [*buf[:_SINGLE], *blocks[0], *blocks[1], *buf.z, *buf.act]
-
-
-def _unsaved(tensors: list[Tensor], layers: int, stacked: tuple[bool, bool]) -> _Buffers:
-    """`_saved`'s inverse (the per-step blocks' count follows from the others' shapes)."""
-    steps = tensors[_Buffers._fields.index("hs")].shape[0]
-    rest, blocks = list(tensors[_SINGLE:]), []
-    for is_tensor, count in zip(stacked, (steps + 1, steps)):
-        n = 1 if is_tensor else count
-        blocks.append(rest[0] if is_tensor else tuple(rest[:n]))
-        rest = rest[n:]
-    return _Buffers(*tensors[:_SINGLE], *blocks, tuple(rest[:layers]), tuple(rest[layers:]))
-
-
-def _pointers(buf: _Buffers) -> list[int]:
-    """The addresses of the buffers in the order csrc/ntm.h's `take_view` reads them."""
-
-    def blocks(b):  # one address per slot or step
-        if isinstance(b, Tensor):
-            size = b.stride(0) * b.element_size()
-            return range(b.data_ptr(), b.data_ptr() + size * b.shape[0], size)
-        return data(*b)
-
-    return [*data(*buf[:_SINGLE]), *blocks(buf.mem), *blocks(buf.addr),
-            *data(*buf.z, *buf.act)]
-
-
-def _description(cfg: _Config, tiny: float, buf: _Buffers, keep: bool) -> NTMCall:
-    steps = buf.hs.shape[0]
-    batch, m, n = buf.mem[0].shape
+def _call(cfg: _Config, tiny: float, steps: int, batch: int, rows: int, keep: bool) -> NTMCall:
     blocks = cfg.blocks
-    return NTMCall(steps, batch, cfg.layers, cfg.hidden, cfg.read_heads, cfg.write_heads, m, n,
-                   cfg.shifts, int(cfg.lstm), int(keep), blocks.block_end, blocks.field_start,
-                   blocks.field_width, cfg.beta_cap, cfg.gamma_cap, tiny)
+    return NTMCall(steps, batch, cfg.layers, cfg.hidden, cfg.read_heads, cfg.write_heads,
+                   cfg.width, rows, cfg.shifts, int(cfg.lstm), int(keep), blocks.block_end,
+                   blocks.field_start, blocks.field_width, cfg.beta_cap, cfg.gamma_cap, tiny)
 
 
 def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write, reads, h0,
-                 c0, keep: bool) -> _Buffers:
+                 c0, keep: bool):
     """All steps; the state tensors as `_NativeSequence.forward` takes them (memory
-    ``[B, M, N]``, ``h0, c0 [L, B, C]`` or empty)."""
+    ``[B, M, N]``, ``h0, c0 [L, B, C]`` or empty): the call and its buffers (`NTMCall.buffers`),
+    filled."""
     steps, batch = xpre.shape[:2]
-    buf = _buffers(cfg, steps, batch, memory.shape[2], xpre, keep)
+    call = _call(cfg, tiny, steps, batch, memory.shape[2], keep)
+    buf = library.allocate(call, xpre)
     with torch.no_grad():
         if cfg.lstm:
             buf.h[0].copy_(h0)
-            buf.c[0].copy_(c0)
+            buf.cell[0].copy_(c0)
         buf.mem[0].copy_(memory)
         buf.msq[0].copy_(memory.square().sum(1))
         buf.wr[0].copy_(w_read)
         buf.ww[0].copy_(w_write)
-    call("torch_ntm_forward", xpre.dtype, _description(cfg, tiny, buf, keep),
-         [*data(xpre, wp, bp, reads, *weights, *biases), *_pointers(buf)])
-    return buf
+    library.call("torch_ntm_forward", xpre.dtype, call, library.arguments(
+        call, "forward", dict(xpre=xpre, wp=wp, bp=bp, reads0=reads), buf, (weights, biases)))
+    return call, buf
 
 
 class _NativeSequence(torch.autograd.Function):
@@ -306,18 +225,17 @@ class _NativeSequence(torch.autograd.Function):
         n = cfg.layers
         weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
         h0, c0 = _initial_controller(cfg, rest[2 * n - 1 :], memory)
-        buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write,
-                           reads, h0, c0, keep=True)
+        call, buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read,
+                                 w_write, reads, h0, c0, keep=True)
         ctx.set_materialize_grads(False)
-        ctx.cfg, ctx.tiny = cfg, tiny
+        ctx.cfg, ctx.call = cfg, call
         # For a second derivative (`first_order_only`): the same sequence in plain ops.
         ctx.inputs, ctx.leading = (xpre, wp, bp, memory, w_read, w_write, reads, *rest), 2
         ctx.recompute = functools.partial(_eager_sequence, cfg)
-        ctx.stacked = (isinstance(buf.mem, Tensor), isinstance(buf.addr, Tensor))
-        ctx.save_for_backward(wp, *weights, *_saved(buf))
+        ctx.save_for_backward(wp, *weights, *library.flat(buf))
         out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
         if cfg.lstm:
-            out += [buf.h[-1], buf.c[-1]]
+            out += [buf.h[-1], buf.cell[-1]]
         return tuple(t.clone() for t in out)  # no output is a view of what backward keeps
 
     @staticmethod
@@ -325,27 +243,27 @@ class _NativeSequence(torch.autograd.Function):
     def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
         cfg, n = ctx.cfg, ctx.cfg.layers
         wp, *rest = ctx.saved_tensors
-        weights, buf = rest[:n], _unsaved(rest[n:], n, ctx.stacked)
+        call = ctx.call
+        weights, buf = rest[:n], library.unflat(call, rest[n:])
         steps, batch = buf.hs.shape[:2]
-
-        grads = [
-            torch.zeros_like(buf.hs) if dhs_out is None else dhs_out.contiguous(),
-            torch.zeros_like(buf.reads) if dreads_out is None else dreads_out.contiguous(),
-            carried(dmem, buf.mem[-1]), carried(dwr, buf.wr[-1]), carried(dww, buf.ww[-1]),
-            torch.zeros_like(buf.reads[0]), carried(dh_last, buf.h[-1][: n * cfg.lstm]),
-            carried(dc_last, buf.c[-1]),
-        ]  # fmt: skip
+        grads = dict(
+            dhs=torch.zeros_like(buf.hs) if dhs_out is None else dhs_out.contiguous(),
+            dreads=torch.zeros_like(buf.reads) if dreads_out is None else dreads_out.contiguous(),
+            dmem=carried(dmem, buf.mem[-1]), dwr=carried(dwr, buf.wr[-1]),
+            dww=carried(dww, buf.ww[-1]), dreads0=torch.zeros_like(buf.reads[0]),
+            dh=carried(dh_last, buf.h[-1][: n * cfg.lstm]), dc=carried(dc_last, buf.cell[-1]),
+            draw=wp.new_empty(steps, batch, wp.shape[0]))
         dpres = [wp.new_empty(steps, batch, w.shape[0]) for w in weights]
-        draw = wp.new_empty(steps, batch, wp.shape[0])
-        call("torch_ntm_backward", wp.dtype, _description(cfg, ctx.tiny, buf, True),
-             [*data(wp, *weights), *_pointers(buf), *data(*grads, *dpres, draw)])
-        dmem0, dwr0, dww0, dreads0, dh0, dc0 = grads[2:]
+        library.call("torch_ntm_backward", wp.dtype, call, library.arguments(
+            call, "backward", dict(wp=wp, **grads), buf, (weights, dpres)))
+        draw, dh0, dc0 = grads["draw"], grads["dh"], grads["dc"]
         # Weight gradients: one matmul over all T*B rows each.
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
         dweights = [d.flatten(0, 1).t() @ z.flatten(0, 1) for d, z in zip(dpres, buf.z)]
         dbiases = [d.sum((0, 1)) for d in dpres[1:]]
         controller = (*dh0.unbind(0), *dc0.unbind(0)) if cfg.lstm else ()
-        return (None, None, dpres[0], dwp, draw.sum((0, 1)), dmem0, dwr0, dww0, dreads0,
+        return (None, None, dpres[0], dwp, draw.sum((0, 1)), grads["dmem"], grads["dwr"],
+                grads["dww"], grads["dreads0"],
                 *dweights, *dbiases, *controller)
 
 
@@ -414,10 +332,10 @@ def _sequence(cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write, 
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         return _NativeSequence.apply(cfg, tiny, *inputs)
     h, c = _initial_controller(cfg, (*h0, *c0), memory)
-    buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write, reads,
-                       h, c, keep=False)
+    _, buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write,
+                          reads, h, c, keep=False)
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
-    controller = (buf.h[last], buf.c[last]) if cfg.lstm else ()
+    controller = (buf.h[last], buf.cell[last]) if cfg.lstm else ()
     return (buf.hs, buf.reads, buf.mem[last], buf.wr[last], buf.ww[last], *controller)
 
 
@@ -426,7 +344,7 @@ def forward(model: nn.Module, x: Tensor, state: NTMState) -> tuple[Tensor, NTMSt
     by the model) -> ``(logits [T, B, output_size], final state)``. Inputs are made contiguous
     here, once, as the library reads them by address. The first call in a process also calls
     `keep_freed_memory` unless ``TORCH_NTM_KEEP_FREED_MEMORY=0``."""
-    keep_freed_memory_once()
+    library.keep_freed_memory_once()
     plan = _plan(model, x.device)
     cfg = plan.cfg
     xpre, weights, biases, wp, bp = _parameters(plan, model, x)
