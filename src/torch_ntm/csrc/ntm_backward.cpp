@@ -9,24 +9,20 @@ template void backward<Real>(const View<Real>&, const Params<Real>&, int64_t, co
 
 namespace {
 
-// pointers: NTMCallBackward's, the buffers, then each layer's weights and each layer's dpre
-// (engines/calls.py's NTMCall).
+// lists: each layer's weights, then each layer's dpre (written).
 template <typename F>
 void run_backward(const NTMCall* d, const uintptr_t* p) {
   using A = NTMCallBackward;
-  const View<F> v(*d, p + A::count);
-  const uintptr_t* lists = p + A::count + v.end;
-  auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
+  const Addresses<F, A> a(*d, p);
   Params<F> params{};
-  params.wp = ptr(A::wp);
+  params.wp = a[A::wp];
   std::vector<F*> dpre;
-  for (int64_t l = 0; l < v.c.L; ++l) {
-    params.weights.push_back(reinterpret_cast<const F*>(lists[l]));
-    dpre.push_back(reinterpret_cast<F*>(lists[v.c.L + l]));
+  for (int64_t l = 0; l < a.v.c.L; ++l) {
+    params.weights.push_back(a.list(l));
+    dpre.push_back(a.list(a.v.c.L + l));
   }
-  Carried<F> carried{ptr(A::dmem), ptr(A::dwr), ptr(A::dww), ptr(A::dreads0), ptr(A::dh),
-                     ptr(A::dc)};
-  backward<F>(v, params, d->steps, ptr(A::dhs), ptr(A::dreads), carried, dpre, ptr(A::draw));
+  Carried<F> g{a[A::dmem], a[A::dwr], a[A::dww], a[A::dreads0], a[A::dh], a[A::dc]};
+  backward<F>(a.v, params, d->steps, a[A::dhs], a[A::dreads], g, dpre, a[A::draw]);
 }
 
 }  // namespace

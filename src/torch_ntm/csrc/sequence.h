@@ -104,6 +104,21 @@ struct View : NTMCallBuffers<F> {
   }
 };
 
+// A kernel's addresses: those `A` numbers (the generated NTMCallForward or NTMCallBackward), the
+// buffers (read into `v`), then the lists (engines/calls.py's NTMCall says which).
+template <typename F, typename A>
+struct Addresses {
+  Addresses(const NTMCall& d, const uintptr_t* p)
+      : p(p), v(d, p + A::count), lists(p + A::count + v.end) {}
+  F* operator[](size_t i) const { return reinterpret_cast<F*>(p[i]); }
+  // Entry i of the lists, all of them counted together.
+  F* list(int64_t i) const { return reinterpret_cast<F*>(lists[i]); }
+
+  const uintptr_t* p;
+  const View<F> v;
+  const uintptr_t* lists;
+};
+
 // The parameters and inputs of a call.
 template <typename F>
 struct Params {
