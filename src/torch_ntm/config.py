@@ -14,6 +14,7 @@ keys: ``--set task.max_length=30``.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 import types
@@ -33,7 +34,7 @@ __all__ = [
     "resolve_device", "check_memory_size", "check_steps",
     "check_data_size", "check_set_size", "check_state_size", "MAX_DATA_BYTES", "MAX_PARAMETERS",
     "check_resume", "list_kind", "MODELS", "MODEL_DEFAULTS", "MODEL_KEYS", "OPTIMIZERS",
-    "RESUMABLE", "differing_keys", "model_params",
+    "RESUMABLE", "differing_keys", "model_params", "KEY_TYPES", "MODEL_KEY_TYPES", "type_hints",
 ]
 
 # The models a config can train (`torch_ntm.registry.MODELS`): an `NTM`, the paper's LSTM
@@ -357,7 +358,7 @@ class TrainConfig:
     def check(self, source: str = "config") -> None:
         """Raise `ConfigError` naming the first key whose value has the wrong type, is out of
         range, or is not one of the key's choices."""
-        hints = typing.get_type_hints(TrainConfig)
+        hints = type_hints(TrainConfig)
         for f in dataclasses.fields(self):
             if f.name in SECTIONS:
                 self._check_nested(f.name, SECTIONS[f.name], source)
@@ -427,7 +428,7 @@ class TrainConfig:
         if type(nested) is not kind:
             raise ConfigError(f"{source}: {name} must be {what + ' (' if what else ''}"
                               f"{kind.__name__}{')' if what else ''}, got {nested!r}")
-        hints = typing.get_type_hints(kind)
+        hints = type_hints(kind)
         for f in dataclasses.fields(kind):
             _check_type(f.name, getattr(nested, f.name), hints[f.name], source)
 
@@ -513,6 +514,20 @@ _SECTION_KEYS = {name: frozenset(f.name for f in dataclasses.fields(section))
                  for name, section in SECTIONS.items()}
 SECTION_OF = MappingProxyType({key: name for name, keys in _SECTION_KEYS.items()
                                for key in keys})
+
+
+@functools.cache
+def type_hints(kind: type) -> dict:
+    """The type of each field of dataclass ``kind`` (`typing.get_type_hints`, read once)."""
+    return typing.get_type_hints(kind)
+
+
+# The type of each key a config holds in a model's options (every model's: for a key that
+# several models have, the last one's) or in a section, by the name `--set` gives it.
+MODEL_KEY_TYPES = MappingProxyType({key: hint for entry in MODELS.values()
+                                    for key, hint in type_hints(entry.options).items()})
+KEY_TYPES = MappingProxyType({**MODEL_KEY_TYPES, **{
+    key: hint for section in SECTIONS.values() for key, hint in type_hints(section).items()}})
 
 
 def _gather(data: dict, name: str, keys: frozenset, source: str, whose: str = "") -> dict:

@@ -12,14 +12,16 @@ import dataclasses
 import typing
 
 from torch_ntm.config import (
+    KEY_TYPES,
+    MODEL_KEY_TYPES,
     MODEL_KEYS,
     SECTIONS,
     ConfigError,
     TrainConfig,
     list_kind,
     optional_type,
+    type_hints,
 )
-from torch_ntm.registry import MODELS
 
 __all__ = ["apply_overrides", "override_keys"]
 
@@ -75,14 +77,6 @@ def override_keys(overrides: list[str], option: str = "--set") -> set[str]:
     return {_split(item, option)[0] for item in overrides}
 
 
-# The model keys (the fields of every model's options) and the sections' keys, which a config
-# does not hold as fields, and the type of each.
-_MODEL_HINTS = {key: hint for entry in MODELS.values()
-                for key, hint in typing.get_type_hints(entry.options).items()}
-_HINTS = {**_MODEL_HINTS, **{key: hint for section in SECTIONS.values()
-                             for key, hint in typing.get_type_hints(section).items()}}
-
-
 def _keys(obj) -> dict[str, str]:
     """The keys of a `TrainConfig` or a task that ``--set`` may give, and the field of each:
     every field, but a config's ``task`` names its task's parameters (``task.max_length``), its
@@ -94,7 +88,7 @@ def _keys(obj) -> dict[str, str]:
         for name in ("task_params", "preset", "model_params", *SECTIONS):
             del keys[name]
         keys["task"] = "task_params"
-        keys.update({key: key for key in _HINTS})
+        keys.update({key: key for key in KEY_TYPES})
     return keys
 
 
@@ -123,10 +117,10 @@ def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
             raise ConfigError(f"{option} {path}: unknown key; valid keys: "
                               f"{_valid_keys(obj, path[: len(path) - len(name)])}")
         last = depth == len(names) - 1
-        if obj is config and name in _HINTS:  # a section's key or one of the model's options
+        if obj is config and name in KEY_TYPES:  # a section's key or one of the model's options
             if not last:
                 raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
-            changes[name] = _parse_value(text, _HINTS[name], path, option)
+            changes[name] = _parse_value(text, KEY_TYPES[name], path, option)
             return
         value = getattr(obj, keys[name])
         if dataclasses.is_dataclass(value):
@@ -137,7 +131,7 @@ def _parse(config: TrainConfig, key: str, text: str, option: str, prefix: str,
         elif not last:
             raise ConfigError(f"{option} {key}: unknown key; {path} has no keys")
         else:
-            hint = typing.get_type_hints(type(obj))[keys[name]]
+            hint = type_hints(type(obj))[keys[name]]
             changes[name] = _parse_value(text, hint, path, option)
 
 
@@ -178,7 +172,7 @@ def apply_overrides(config: TrainConfig, overrides: list[str], option: str = "--
 def _check_applies(config: TrainConfig, changes: dict, option: str) -> None:
     """A `ConfigError` for a key set that shapes another model than the config's only (``--set
     sparse_link=4`` on an NTM), which would be ignored and written to config.json."""
-    shaping = _MODEL_HINTS.keys()
+    shaping = MODEL_KEY_TYPES.keys()
     for key in changes:
         if key in shaping and key not in MODEL_KEYS.get(config.model, shaping):
             others = [name for name, keys in MODEL_KEYS.items() if key in keys]
