@@ -11,8 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from torch_ntm.checkpoint import load_checkpoint
 from torch_ntm.cli import main
 from torch_ntm.config import TrainConfig
+from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
 from torch_ntm.sweep import (
     GridPoint,
@@ -211,6 +213,34 @@ def test_a_tiny_sweep_through_the_cli(tmp_path, capsys):
     # The same seeds with other settings would overwrite the runs: refused.
     assert main(["sweep", "copy", "--seeds", "1", "--first-seed", "5", "--out", str(out)]) == 2
     assert "seed-5 already holds a run with other settings" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_criterion_sweep_trains_each_seed_as_the_default_command_does(tmp_path, capsys):
+    # --criterion scores the default command's runs: the preset's stop rule is kept (a sweep
+    # past convergence sets stop_bit_errors=-1), so the kept weights are those `ntm train` keeps.
+    out = tmp_path / "sweep"
+    assert main(["sweep", "copy", "--seeds", "1", "--jobs", "1", "--criterion", "--sequences",
+                 "64", "--out", str(out), *TINY]) == 0
+    printed = capsys.readouterr().out
+    assert "as `ntm train` runs each (the preset's stop rule, at most 64 sequences)" in printed
+    assert "wrong bits per sequence at L = 120 (<= 0), mean of 3 sets of 1,000" in printed
+    run = out / "seed-0"
+    config = TrainConfig.from_dict(json.loads((run / "config.json").read_text()))
+    preset = resolve_config("copy", overrides=[a for a in TINY if a != "--set"])
+    assert (config.evaluation.stop_bit_errors, config.evaluation.patience_evals,
+            config.max_sequences) == (preset.evaluation.stop_bit_errors,
+                                      preset.evaluation.patience_evals, 64)
+    assert preset.evaluation.stop_bit_errors == 0
+    trained = tmp_path / "train"
+    assert main(["train", "copy", "--seed", "0", "--no-plots", "--out", str(trained),
+                 "--set", "max_sequences=64", "--set", "threads=1", *TINY]) == 0
+    swept, alone = load_checkpoint(run), load_checkpoint(trained)
+    assert swept.sequences == alone.sequences and swept.metrics == alone.metrics
+    # run again: the seed is over (its budget or its stop rule), reused without training
+    assert main(["sweep", "copy", "--seeds", "1", "--jobs", "1", "--criterion", "--sequences",
+                 "64", "--out", str(out), *TINY]) == 0
+    assert "seed 0: complete already" in capsys.readouterr().out
 
 
 @pytest.mark.slow

@@ -165,7 +165,8 @@ def _parser() -> argparse.ArgumentParser:
                    help="number of seeds (10), or the seeds A to B")
     p.add_argument("--first-seed", type=int, default=None, metavar="S", help="first seed (0)")
     p.add_argument("--criterion", action="store_true",
-                   help="after training, score each seed on the task's paper-level criterion "
+                   help="train each seed as `ntm train TASK --seed S` does (the preset's stop "
+                   "rule and budget), then score it on the task's paper-level criterion "
                    "(torch_ntm.criteria: three fresh sets of 1,000) and print the table")
     p.add_argument("--jobs", type=int, default=None, metavar="J",
                    help="trainings at once (2; with --ray, as many as the cluster has CPUs)")
@@ -176,7 +177,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="train every seed with each value of a config key (repeatable: every "
                    "combination), into OUT/KEY=V/seed-S; V1;V2 for list values")
     p.add_argument("--sequences", type=int, default=None, metavar="N",
-                   help="training sequences per seed, past convergence (default 50,000)")
+                   help="training sequences per seed, past convergence (default 50,000; "
+                   "with --criterion, the budget within the preset's stop rule, default the "
+                   "preset's)")
     p.add_argument("--out", type=Path, default=None, help="folder (default runs/sweep-TASK)")
     p.add_argument("--ray", nargs="?", const="local", default=None, metavar="ADDRESS",
                    help="start each training by a Ray task (one CPU each) on a new local Ray "
@@ -646,9 +649,9 @@ def _cmd_sweep(args) -> int:
         report = run_sweep(args.task, count, jobs=args.jobs, preset=args.preset,
                            overrides=args.overrides, grid=args.grid, out=args.out,
                            first_seed=first, ray_address=args.ray,
-                           gpus_per_run=args.gpus_per_run,
+                           gpus_per_run=args.gpus_per_run, as_trained=args.criterion,
                            sequences=DEFAULT_SEQUENCES if args.sequences is None
-                           else args.sequences)
+                           and not args.criterion else args.sequences)
     except (KeyboardInterrupt, SystemExit) as e:
         out = args.out or default_out(args.task)
         print(f"ntm: sweep interrupted; {out / 'report.md'} reports the seeds that finished; "

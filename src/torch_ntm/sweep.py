@@ -133,16 +133,18 @@ class _SeedRun:
 
 def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: str | None = None,
               overrides: list[str] = (), grid: list[str] = (),
-              sequences: int = DEFAULT_SEQUENCES, out: str | os.PathLike | None = None,
+              sequences: int | None = DEFAULT_SEQUENCES, out: str | os.PathLike | None = None,
               first_seed: int = 0, ray_address: str | None = None, gpus_per_run: float = 0.0,
-              echo=print) -> dict:
+              as_trained: bool = False, echo=print) -> dict:
     """Train ``task`` with seeds ``first_seed .. first_seed + seeds - 1`` (at each grid point)
     and report.
 
     Each training runs ``python -m torch_ntm train`` in a child process with
     ``OMP_NUM_THREADS=1`` and ``--set threads=1`` (before ``overrides``, which may change it),
     then ``overrides``, the grid point's values, ``stop_bit_errors=-1`` and
-    ``max_sequences=sequences``; its output goes to ``RUN/train.log``. Without ``ray_address``
+    ``max_sequences=sequences`` (with ``as_trained``, neither: each seed trains as ``ntm train
+    TASK --seed S`` does, to the preset's stop rule, within ``sequences`` if given, else the
+    preset's budget); its output goes to ``RUN/train.log``. Without ``ray_address``
     the children run on this machine, ``jobs`` at a time; with it, each is started by a Ray task
     that holds one CPU (and ``gpus_per_run`` GPUs) of the cluster for as long as it trains.
 
@@ -158,7 +160,10 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
             ``max_sequences``: use ``first_seed`` and ``sequences``).
         grid: ``key=v1,v2`` strings (see `parse_grid`) of config keys as for ``overrides``
             but not among them; every seed is trained at every combination.
-        sequences: training sequences per seed, >= 1.
+        sequences: training sequences per seed, >= 1 (None, only with ``as_trained``: the
+            preset's budget).
+        as_trained: train each seed as the default command does (the preset's stop rule and
+            budget), the runs `torch_ntm.criteria` scores, instead of past convergence.
         out: the sweep folder (default ``runs/sweep-TASK``); a run folder (``OUT/seed-S``, or
             ``OUT/POINT/seed-S`` with a grid) that holds a run of these settings is reused when
             complete and resumed otherwise. With Ray it must be a folder that every machine of
@@ -187,6 +192,8 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
         KeyboardInterrupt, SystemExit: the sweep was stopped (Ctrl-C, SIGTERM); the report of
             the trainings that finished was written first.
     """
+    if sequences is None and not as_trained:
+        raise ConfigError("--sequences: a sweep past convergence needs a budget")
     for name, value, least in (("--seeds", seeds, 1), ("--first-seed", first_seed, 0),
                                ("--jobs", jobs, 1), ("--sequences", sequences, 1)):
         if value is not None and value < least:
@@ -218,15 +225,16 @@ def run_sweep(task: str, seeds: int = 10, *, jobs: int | None = None, preset: st
     out = Path(out) if out is not None else default_out(task)
     with lock_run(out, "running a sweep into this folder"):  # one at a time writes its logs
         return _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequences,
-                      jobs, ray_address, gpus_per_run, grid, echo)
+                      jobs, ray_address, gpus_per_run, grid, as_trained, echo)
 
 
 def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequences, jobs,
-           ray_address, gpus_per_run, grid, echo) -> dict:
+           ray_address, gpus_per_run, grid, as_trained, echo) -> dict:
     """`run_sweep` once its arguments are checked, holding the lock of ``out``."""
     seed_range = range(first_seed, first_seed + seeds)
-    runs = [_SeedRun(p, s, seed_dir(out, s, p.name),
-                     [*sets, *p.overrides, "stop_bit_errors=-1", f"max_sequences={sequences}"])
+    own = ([] if as_trained else ["stop_bit_errors=-1"]) + (
+        [] if sequences is None else [f"max_sequences={sequences}"])
+    runs = [_SeedRun(p, s, seed_dir(out, s, p.name), [*sets, *p.overrides, *own])
             for p in points for s in seed_range]
     for run in runs:  # OUT/POINT/seed-S: not a link planted in the sweep's folder
         if run.point.name:
@@ -237,17 +245,19 @@ def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequence
     for run in runs:
         if (run.run_dir / CHECKPOINT_JSON).exists():
             config = resolve_config(task, preset, run.sets, run.seed)
-            run.state = _existing_run(run.run_dir, config, sequences)
+            run.state = _existing_run(run.run_dir, config)
     for run in runs:
         if run.state == "complete":
             echo(f"{run.label}: complete already ({run.run_dir})")
     pending = [run for run in runs if run.state != "complete"]
     stopped = _train_all(task, preset, pending, jobs, ray_address, gpus_per_run, echo)
 
+    budget = _configs_budget(configs, own)
     title = (f"Sweep: {task} ({configs[0].preset}), seeds {first_seed}-{seed_range[-1]}, "
-             f"{sequences:,} sequences each")
+             + (f"as `ntm train` runs each (the preset's stop rule, at most {budget:,} "
+                f"sequences)" if as_trained else f"{budget:,} sequences each"))
     report = {"title": title, "task": task, "preset": configs[0].preset,
-              "sequences_per_seed": sequences}
+              "sequences_per_seed": budget}
     summaries = []
     for point, config in zip(points, configs):
         mine = [run for run in runs if run.point == point]
@@ -531,9 +541,29 @@ def _import_ray():
     return ray
 
 
-def _existing_run(run_dir: Path, config, sequences: int) -> str:
-    """``"complete"`` if ``run_dir`` holds this seed's run with the whole budget, ``"resume"``
-    if it holds an incomplete one; `ConfigError` if its run has other settings."""
+def _configs_budget(configs, own: list[str]) -> int:
+    """The training budget of a sweep's runs: the preset's, or the one the sweep sets."""
+    given = [item for item in own if item.startswith("max_sequences=")]
+    return int(given[0].partition("=")[2]) if given else configs[0].max_sequences
+
+
+def _finished(record: dict, budget: int | None = None) -> bool:
+    """Whether the run of ``checkpoint.json``'s ``record`` is over: ``budget`` sequences (by
+    default its own) spent, or its stop rule met (``stop_bit_errors`` >= 0 and a streak of
+    ``patience_evals`` validations)."""
+    config = record.get("config", {})
+    evaluation = config.get("evaluation", config)  # nested, or flat as earlier versions wrote
+    stop, patience = evaluation.get("stop_bit_errors", -1), evaluation.get("patience_evals", 1)
+    converged = stop >= 0 and record.get("extra", {}).get("streak", 0) >= patience
+    if budget is None:
+        budget = config.get("max_sequences", 0)
+    return converged or record.get("sequences", 0) >= budget
+
+
+def _existing_run(run_dir: Path, config) -> str:
+    """``"complete"`` if ``run_dir`` holds this seed's run, over (`_finished`), ``"resume"``
+    if it holds an unfinished one; `ConfigError` if its run has other settings."""
+    sequences = config.max_sequences
     try:
         ckpt = load_checkpoint(run_dir)
     except CheckpointError as e:
@@ -549,7 +579,8 @@ def _existing_run(run_dir: Path, config, sequences: int) -> str:
                           f"{ckpt.config.max_sequences:,} sequences, more than --sequences "
                           f"{sequences:,}; pass --sequences {ckpt.config.max_sequences} to "
                           f"reuse it, or choose another --out")
-    return "complete" if ckpt.sequences >= sequences else "resume"
+    record = json.loads((run_dir / CHECKPOINT_JSON).read_text())
+    return "complete" if _finished(record, sequences) else "resume"
 
 
 class _SigtermAsExit:
@@ -616,7 +647,7 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     config = record.get("config", {})
     row["seed"] = config.get("seed", row["seed"])
     row["nan_steps"] = int(record.get("extra", {}).get("nan_steps", 0))
-    row["complete"] = bool(record) and record.get("sequences", 0) >= config.get("max_sequences", 0)
+    row["complete"] = bool(record) and _finished(record)
     try:
         rows = read_metrics(run_dir / "metrics.csv")
     except CheckpointError:  # not a metrics file (yet): nothing learned to report
