@@ -22,7 +22,7 @@ double seconds_since(std::chrono::steady_clock::time_point start) {
 }  // namespace
 
 // The heads of the model whose static sizes the library's call would get (engines/ntm.py's
-// `_description`, the layout of its head parameters included) over its T steps of B sequences,
+// `_call`, the layout of its head parameters included) over its T steps of B sequences,
 // with every step's state kept as training keeps it. out[0], out[1]: the least over `repeats` of
 // the forward's and the backward's nanoseconds per sequence and step.
 extern "C" int heads_bench(const torch_ntm::NTMCall* d, int64_t repeats, double* out) {

@@ -42,9 +42,7 @@ def time_heads(lib: ctypes.CDLL, rows: int, batch: int, steps: int, repeats: int
     """(forward ns, backward ns, kept MB): the sizes from the library's own description."""
     model = NTM(9, 9, memory_size=rows)
     cfg = native._plan(model, torch.device("cpu")).cfg
-    like = torch.empty(0)
-    buffers = native._buffers(cfg, steps, batch, rows, like, True)
-    description = native._description(cfg, torch.finfo(torch.float32).tiny, buffers, True)
+    description = native._call(cfg, torch.finfo(torch.float32).tiny, steps, batch, rows, True)
     out = (ctypes.c_double * 2)()
     lib.heads_bench(ctypes.byref(description), repeats, out)
     heads = cfg.read_heads + cfg.write_heads

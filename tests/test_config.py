@@ -243,7 +243,8 @@ def test_weight_decay_is_decoupled_with_adam_and_l2_with_rmsprop():
             torch.testing.assert_close(weight.detach(), torch.full((3,), 2.0 * want))
         else:  # L2: gradient wd w = 1, RMSProp's first step moves by lr / sqrt(1 - alpha)
             assert float(weight.detach()[0]) < 2.0 - 0.01
-    plain = make_optimizer(resolve_config("copy", overrides=["optimizer=adam"]), [weight])
+    plain = make_optimizer(resolve_config("copy", overrides=["optimizer=adam", "weight_decay=0"]),
+                           [weight])
     assert type(plain) is torch.optim.Adam  # no decay: Adam itself, as runs before the key
     with pytest.raises(ConfigError, match="weight_decay"):
         resolve_config("copy", overrides=["weight_decay=-1"])
