@@ -252,7 +252,7 @@ def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequence
     pending = [run for run in runs if run.state != "complete"]
     stopped = _train_all(task, preset, pending, jobs, ray_address, gpus_per_run, echo)
 
-    budget = _configs_budget(configs, own)
+    budget = sequences if sequences is not None else configs[0].max_sequences
     title = (f"Sweep: {task} ({configs[0].preset}), seeds {first_seed}-{seed_range[-1]}, "
              + (f"as `ntm train` runs each (the preset's stop rule, at most {budget:,} "
                 f"sequences)" if as_trained else f"{budget:,} sequences each"))
@@ -541,23 +541,11 @@ def _import_ray():
     return ray
 
 
-def _configs_budget(configs, own: list[str]) -> int:
-    """The training budget of a sweep's runs: the preset's, or the one the sweep sets."""
-    given = [item for item in own if item.startswith("max_sequences=")]
-    return int(given[0].partition("=")[2]) if given else configs[0].max_sequences
-
-
-def _finished(record: dict, budget: int | None = None) -> bool:
-    """Whether the run of ``checkpoint.json``'s ``record`` is over: ``budget`` sequences (by
-    default its own) spent, or its stop rule met (``stop_bit_errors`` >= 0 and a streak of
-    ``patience_evals`` validations)."""
-    config = record.get("config", {})
-    evaluation = config.get("evaluation", config)  # nested, or flat as earlier versions wrote
-    stop, patience = evaluation.get("stop_bit_errors", -1), evaluation.get("patience_evals", 1)
-    converged = stop >= 0 and record.get("extra", {}).get("streak", 0) >= patience
-    if budget is None:
-        budget = config.get("max_sequences", 0)
-    return converged or record.get("sequences", 0) >= budget
+def _finished(sequences: int, budget: int, streak: int, stop_bit_errors: float,
+              patience_evals: int) -> bool:
+    """Whether a run is over: ``budget`` sequences spent, or its stop rule met
+    (``stop_bit_errors`` >= 0 and a streak of ``patience_evals`` validations)."""
+    return sequences >= budget or (stop_bit_errors >= 0 and streak >= patience_evals)
 
 
 def _existing_run(run_dir: Path, config) -> str:
@@ -579,8 +567,10 @@ def _existing_run(run_dir: Path, config) -> str:
                           f"{ckpt.config.max_sequences:,} sequences, more than --sequences "
                           f"{sequences:,}; pass --sequences {ckpt.config.max_sequences} to "
                           f"reuse it, or choose another --out")
-    record = json.loads((run_dir / CHECKPOINT_JSON).read_text())
-    return "complete" if _finished(record, sequences) else "resume"
+    evaluation = ckpt.config.evaluation
+    over = _finished(ckpt.sequences, sequences, ckpt.extra.get("streak", 0),
+                     evaluation.stop_bit_errors, evaluation.patience_evals)
+    return "complete" if over else "resume"
 
 
 class _SigtermAsExit:
@@ -647,7 +637,11 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
     config = record.get("config", {})
     row["seed"] = config.get("seed", row["seed"])
     row["nan_steps"] = int(record.get("extra", {}).get("nan_steps", 0))
-    row["complete"] = bool(record) and _finished(record)
+    evaluation = config.get("evaluation", config)  # nested, or flat as earlier versions wrote
+    row["complete"] = bool(record) and _finished(
+        record.get("sequences", 0), config.get("max_sequences", 0),
+        record.get("extra", {}).get("streak", 0), evaluation.get("stop_bit_errors", -1),
+        evaluation.get("patience_evals", 1))
     try:
         rows = read_metrics(run_dir / "metrics.csv")
     except CheckpointError:  # not a metrics file (yet): nothing learned to report

@@ -47,8 +47,6 @@ struct Cfg {
 // The static sizes of a call, checked: Python checks shapes before it calls; this catches a
 // description that does not fit this library before any pointer is read.
 inline Cfg config(const NTMCall& d) {
-  // Python checks shapes before it calls; this catches a description that does not fit this
-  // library before any pointer is read.
   const int64_t widths = sizeof(d.field_width) / sizeof(d.field_width[0]);
   bool fields_ok = true;
   for (int64_t f = 0; f < widths; ++f) {
