@@ -1,7 +1,7 @@
-// What every native model's kernels share (ntm.h for the NTM, mann.cpp for the MANN): small
-// vectorised loops over contiguous rows, the matmul (torch's BLAS), and the LSTM controller's gates
-// forward and backward (the C entry points' part is entry.h). No torch header (the vector type is
-// vec.h's), so that a build takes seconds.
+// What every native model's kernels share (ntm.h for the NTM, mann.cpp and dnc.cpp for the MANN
+// and the DNC): small vectorised loops over contiguous rows, the matmuls (torch's BLAS, and a
+// batch-invariant one), and the LSTM controller's gates forward and backward (the C entry points'
+// part is entry.h). No torch header (the vector type is vec.h's), so that a build takes seconds.
 
 #pragma once
 
@@ -18,6 +18,7 @@
 #include <limits>
 #include <type_traits>
 #include <utility>
+#include <vector>
 
 
 namespace torch_ntm {
@@ -249,6 +250,59 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F
   }
 }
 
+// out[m, n] += A[m, k] Bt[k, n], each entry summed in one fixed order whatever m and wherever it
+// falls in the blocking: a lane of a vector accumulator per entry, one fused multiply-add per q
+// from q = 0 to k - 1, then added to out. So a batch row gets the same bits alone as in any batch:
+// BLAS does not promise that (gemv at m = 1, blocked kernels above, ~1e-7 apart), and the MANN's
+// and the DNC's usages, sorted each step, turn such differences into another row allocated when
+// usages that are equal in exact arithmetic round apart. Blocks of 4 rows x 2 vectors (of 1 row x
+// 8 vectors for the rows past a multiple of 4: a batch of 1) keep 8 accumulators in flight.
+template <typename F>
+void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* bt, F* out) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  // Entries [i0, i0 + BI) x [j0, j0 + BJ W), the last vector `last` lanes wide.
+  auto block = [&](int64_t i0, int64_t j0, auto bi, auto bj, int64_t last) {
+    constexpr int64_t BI = decltype(bi)::value, BJ = decltype(bj)::value;
+    auto load = [&](const F* p, int64_t j) {
+      return j == BJ - 1 && last < W ? V::loadu(p, last) : V::loadu(p);
+    };
+    V acc[BI][BJ];
+    for (int64_t i = 0; i < BI; ++i)
+      for (int64_t j = 0; j < BJ; ++j) acc[i][j] = V(F(0));
+    for (int64_t q = 0; q < k; ++q) {
+      V bv[BJ];
+      for (int64_t j = 0; j < BJ; ++j) bv[j] = load(bt + q * n + j0 + j * W, j);
+      for (int64_t i = 0; i < BI; ++i) {
+        const V av(a[(i0 + i) * k + q]);
+        for (int64_t j = 0; j < BJ; ++j) acc[i][j] = fmadd(av, bv[j], acc[i][j]);
+      }
+    }
+    for (int64_t i = 0; i < BI; ++i) {
+      for (int64_t j = 0; j < BJ; ++j) {
+        F* o = out + (i0 + i) * n + j0 + j * W;
+        const V sum = load(o, j) + acc[i][j];
+        if (j == BJ - 1 && last < W) sum.store(o, last); else sum.store(o);
+      }
+    }
+  };
+  using One = std::integral_constant<int64_t, 1>;
+  using Two = std::integral_constant<int64_t, 2>;
+  using Four = std::integral_constant<int64_t, 4>;
+  using Eight = std::integral_constant<int64_t, 8>;
+  // Columns [0, n) of rows [i, i + rows) in blocks of `wide` vectors, then one vector at a time.
+  auto columns = [&](int64_t i, auto rows, auto wide) {
+    int64_t j = 0;
+    for (; j + decltype(wide)::value * W <= n; j += decltype(wide)::value * W) {
+      block(i, j, rows, wide, W);
+    }
+    for (; j < n; j += W) block(i, j, rows, One{}, std::min(W, n - j));
+  };
+  int64_t i = 0;
+  for (; i + 4 <= m; i += 4) columns(i, Four{}, Two{});
+  for (; i < m; ++i) columns(i, One{}, Eight{});
+}
+
 // Rows [0, rows) of out [rows, width] set to the row `vec` [width].
 template <typename F>
 void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
@@ -309,16 +363,32 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
 
 // ------------------------------------------------------------------------------------------------
 // One step of a one-layer LSTM controller fed its input's projection and the previous step's reads
-// (the MANN's and the DNC's: engines/mann.py's and engines/dnc.py's `forward` compute the input
-// side, ``xpre = x W_ix^T + b``, for all steps in one torch matmul), and the head layer after it.
+// (the MANN's and the DNC's: engines/lstm_memory.py computes the input side, ``xpre = x W_ix^T +
+// b``, for all steps in one call of `torch_ntm_linear_rows`), and the head layer after it. Both
+// matmuls are `gemm_rows_invariant`: a batch row's bits do not depend on the batch.
 // Z = RM + C: the recurrent matmul's input [reads_{t-1}, h_{t-1}] per batch row.
 // ------------------------------------------------------------------------------------------------
 
+// The matmuls' weights of `controller_forward`, transposed once a call: W_rh^T [Z, 4C] and W_p^T
+// [C, P] from W_rh [4C, Z] and W_p [P, C].
+template <typename F>
+struct ControllerWeights {
+  std::vector<F> wrh_t, wp_t;
+  ControllerWeights(int64_t C, int64_t RM, int64_t P, const F* wrh, const F* wp)
+      : wrh_t(transposed(4 * C, RM + C, wrh)), wp_t(transposed(P, C, wp)) {}
+  static std::vector<F> transposed(int64_t rows, int64_t cols, const F* w) {
+    std::vector<F> t(rows * cols);
+    for (int64_t r = 0; r < rows; ++r)
+      for (int64_t q = 0; q < cols; ++q) t[q * rows + r] = w[r * cols + q];
+    return t;
+  }
+};
+
 // z [B, Z] = [rprev, hprev]; act [B, 4C] = xpre_t + z W_rh^T, then the activated gates; c_new,
-// h [B, C]; raw [B, P] = bp + h W_p^T.
+// h [B, C]; raw [B, P] = bp + h W_p^T (`w`: those weights transposed).
 template <typename F>
 void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rprev,
-                        const F* hprev, const F* xpre_t, const F* wrh, const F* wp, const F* bp,
+                        const F* hprev, const F* xpre_t, const ControllerWeights<F>& w, const F* bp,
                         const F* c_prev, F* c_new, F* z, F* act, F* h, F* raw) {
   const int64_t Z = RM + C, G = 4 * C;
   for (int64_t b = 0; b < B; ++b) {
@@ -326,10 +396,10 @@ void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rp
     std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + RM);
   }
   std::copy(xpre_t, xpre_t + B * G, act);
-  gemm<F>(false, true, B, G, Z, z, wrh, F(1), act);
+  gemm_rows_invariant<F>(B, G, Z, z, w.wrh_t.data(), act);
   lstm_gates(act, c_prev, c_new, h, B, C);
   fill_rows(raw, bp, B, P);
-  gemm<F>(false, true, B, P, C, h, wp, F(1), raw);
+  gemm_rows_invariant<F>(B, P, C, h, w.wp_t.data(), raw);
 }
 
 // `controller_forward` backward, from draw [B, P] (the head layer's outputs' gradient), dho

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import functools
 import logging
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -113,15 +114,17 @@ def lstm_ifog(gates: Tensor, cell: Tensor) -> tuple[Tensor, Tensor]:
     return o * torch.tanh(cell), cell
 
 
-def lstm_input_side(model: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+def lstm_input_side(model: torch.nn.Module, x: Tensor, linear: Callable = F.linear
+                    ) -> tuple[Tensor, Tensor]:
     """For a model whose one-layer LSTM controller reads ``[x_t, reads_{t-1}]`` (the MANN's and
     the DNC's): the input side of every step in one matmul, ``xpre [T, B, 4C]`` (biases
     included), and the weights of the rest, ``[4C, R W + C]`` over ``[reads, h]``, both with the
     gates in the kernels' order (`lstm_gate_order`), under autograd. ``x`` is what the
-    controller reads of the steps (a MANN's `encode` of its input)."""
+    controller reads of the steps (a MANN's `encode` of its input); ``linear(x, weight, bias)``
+    the matmul (`F.linear`'s signature)."""
     cell = model.controller.cells[0]
     order = lstm_gate_order(model.controller_size)
     n = x.shape[-1]
     weight_ih = cell.weight_ih[order]
-    xpre = F.linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])
+    xpre = linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])
     return xpre.contiguous(), torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)

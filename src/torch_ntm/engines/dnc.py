@@ -4,7 +4,7 @@ C++ call each (``csrc/dnc.cpp``, built into the library of `torch_ntm.engines.li
 The eager step of a DNC is some 60 tensor ops (the allocation's sort, the link matrix, three read
 modes per head), so at its usual sizes (batch 16, a 64-unit LSTM, memory 16 to 128 rows) a step's
 time goes to per-op overhead, forward and backward. Here the time loop is C++: the LSTM's
-recurrent matmul and the interface layer are BLAS calls over the batch, and the memory access of a
+recurrent matmul and the interface layer are matmuls over the batch, and the memory access of a
 step (`torch_ntm.dnc_functional`'s equations) is loops over each batch element's memory; its
 backward recomputes a step's intermediates from the state kept for every step. What is one matmul
 over all steps stays in torch, under autograd: the LSTM's input side, the output layer, and, after
@@ -15,7 +15,9 @@ It serves the DNC of the paper's shape: a one-layer LSTM controller, one write h
 link matrix. Any other (`DNCCall.why_not`) runs on the eager engine, the reason logged once.
 
 The same function as the eager loop, to float rounding; the free list is the same stable sort
-(ties by row index).
+(ties by row index). A sequence gets the same bits alone as in any batch (the matmuls of the steps
+and of the input side are the library's batch-invariant one), so usages that tie in exact
+arithmetic cannot send its write to another row in a batch than alone.
 """
 
 from __future__ import annotations

@@ -36,7 +36,7 @@ from torch_ntm.functional import EPS, SOFTPLUS_THRESHOLD
 
 __all__ = ["DTYPES", "Description", "allocate", "arguments", "available", "call", "data",
            "error", "flat", "header", "keep_freed_memory", "keep_freed_memory_once", "library",
-           "prepare", "unflat"]
+           "linear_rows", "prepare", "unflat"]
 
 _log = logging.getLogger("torch_ntm.engines")
 
@@ -378,6 +378,9 @@ def _declare(lib: ctypes.CDLL) -> None:
     """Argument and result types of the library's own functions (`call` declares the kernels')."""
     lib.torch_ntm_last_error.argtypes, lib.torch_ntm_last_error.restype = [], ctypes.c_char_p
     lib.torch_ntm_has_blas.argtypes, lib.torch_ntm_has_blas.restype = [], ctypes.c_int
+    lib.torch_ntm_linear_rows.argtypes = [ctypes.c_int, *[ctypes.c_int64] * 3,
+                                          *[ctypes.c_void_p] * 3]
+    lib.torch_ntm_linear_rows.restype = ctypes.c_int
 
 
 # Every kernel is ``int name(int dtype, const Description* d, const uintptr_t* pointers)``.
@@ -514,6 +517,25 @@ def call(name: str, dtype: torch.dtype, description: Description, pointers: list
     kernel = getattr(lib, name)
     if kernel.restype is not ctypes.c_int:
         kernel.argtypes, kernel.restype = _KERNEL_ARGS, ctypes.c_int
-    if kernel(DTYPES[dtype], ctypes.byref(description), ptrs) != 0:
+    _raise_if_failed(lib, name, kernel(DTYPES[dtype], ctypes.byref(description), ptrs))
+
+
+def _raise_if_failed(lib: ctypes.CDLL, name: str, returned: int) -> None:
+    """A RuntimeError with the C++ exception's message if function ``name`` returned 1."""
+    if returned != 0:
         message = lib.torch_ntm_last_error().decode(errors="replace")
         raise RuntimeError(f"torch_ntm native {name} failed: {message}")
+
+
+def linear_rows(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
+                ) -> torch.Tensor:
+    """``x [m, k] weight[n, k]^T + bias`` by library ``name``'s batch-invariant matmul (each row's
+    entries summed in one order, whatever ``m``; `torch_ntm_linear_rows`); no autograd. ``x`` and
+    ``bias`` contiguous, all of one dtype."""
+    m, k = x.shape
+    out = x.new_empty(m, weight.shape[0]).copy_(bias)  # a copy even at m = 1
+    transposed = weight.t().contiguous()  # held: the call reads its address
+    lib = library(name, x.dtype)
+    _raise_if_failed(lib, "torch_ntm_linear_rows", lib.torch_ntm_linear_rows(
+        DTYPES[x.dtype], m, weight.shape[0], k, *data(x, transposed, out)))
+    return out

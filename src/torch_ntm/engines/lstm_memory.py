@@ -2,9 +2,11 @@
 reads_{t-1}]`` and whose memory step is one C++ kernel pair: the MANN's (``csrc/mann.cpp``) and the
 DNC's (``csrc/dnc.cpp``).
 
-What is one matmul over all steps stays in torch, under autograd: the LSTM's input side
-(`torch_ntm.engines.common.lstm_input_side`), the output layer, and, after the backward call, the
-weight gradients of the recurrent and head layers. The steps between are one C++ call each way,
+What is one matmul over all steps stays under autograd: the LSTM's input side
+(`torch_ntm.engines.common.lstm_input_side`, by the library's batch-invariant matmul, as the
+steps' are: a sequence gets the same bits alone as in any batch, so the models' sorted usages
+cannot tie-break differently), the output layer, and, after the backward call, the weight
+gradients of the recurrent and head layers. The steps between are one C++ call each way,
 whose buffers the model's `Description` lists (`torch_ntm.engines.calls.Buffer`): allocated and
 passed by `torch_ntm.engines.library`, read by the C++ it generates. A model's engine module
 gives its `Spec` (which buffers carry its state) and its ``_Config`` (the call's static sizes
@@ -120,6 +122,28 @@ def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
             [getattr(buf, name)[last] for name in spec.state])
 
 
+class _LinearRows(torch.autograd.Function):
+    """``F.linear`` over the rows of ``x [..., k]`` by the library's batch-invariant matmul
+    (`library.linear_rows`): each row's result the same bits whatever the batch, as the steps'
+    matmuls are. The gradients are torch's matmuls."""
+
+    @staticmethod
+    def forward(ctx, name: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+        ctx.save_for_backward(x, weight)
+        rows = library.linear_rows(name, x.reshape(-1, x.shape[-1]).contiguous(),
+                                   weight, bias.contiguous())
+        return rows.view(*x.shape[:-1], weight.shape[0])
+
+    @staticmethod
+    def backward(ctx, grad: Tensor):
+        x, weight = ctx.saved_tensors
+        dx = grad @ weight if ctx.needs_input_grad[1] else None
+        dweight = (grad.flatten(0, -2).t() @ x.flatten(0, -2) if ctx.needs_input_grad[2]
+                   else None)
+        dbias = grad.flatten(0, -2).sum(0) if ctx.needs_input_grad[3] else None
+        return None, dx, dweight, dbias
+
+
 def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state, memory: tuple) -> tuple:
     """A model's sequence by the driver: the steps (`sequence`) from its LSTM controller's input
     side, its head layer and ``state``'s controller and reads, then its output layer.
@@ -136,7 +160,8 @@ def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state, memory: tuple
         the final reads)``, differentiable where gradients are enabled (`sequence`).
     """
     library.keep_freed_memory_once()
-    xpre, wrh = lstm_input_side(model, x)
+    xpre, wrh = lstm_input_side(
+        model, x, lambda rows, weight, bias: _LinearRows.apply(spec.entry, rows, weight, bias))
     hs, reads, c, final = sequence(
         spec, cfg, xpre, wrh, model.head_params.weight.contiguous(),
         model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),

@@ -3,16 +3,18 @@ C++ call each (``csrc/mann.cpp``, built into the library of `torch_ntm.engines.l
 
 The eager loop runs a step as a few dozen tensor ops, so at the paper's sizes (batch 16, 128 x 40
 memory, 4 heads) its time goes to per-op overhead rather than arithmetic. Here the time loop is
-C++: the LSTM's recurrent matmul and the head layer are BLAS calls over the batch, and the rest of
+C++: the LSTM's recurrent matmul and the head layer are matmuls over the batch, and the rest of
 a step (the LRUA write, cosine similarities, softmax, reads, usage, the least-used rows, and all of
 it backward) is vectorised loops over each batch element's memory. What is one matmul over all
-steps stays in torch, under autograd: the LSTM's input side (`MANN._forward_compiled`'s trick),
+steps stays under autograd: the LSTM's input side (`MANN._forward_compiled`'s trick),
 the output layer, and, after the backward call, the weight gradients of the recurrent and head
 layers (the driver the DNC's engine shares, `torch_ntm.engines.lstm_memory`).
 
 The same function as the eager loop, to float rounding: the least-used rows and the zeroed row are
 chosen by the same rules (a stable sort's first H rows, the first minimum), so where usages tie
-(a fresh state; rows never written) the same rows are picked.
+(a fresh state; rows never written) the same rows are picked. A sequence gets the same bits alone
+as in any batch (the matmuls of the steps and of the input side are the library's batch-invariant
+one), so usages that tie in exact arithmetic pick the same rows in a batch as alone.
 """
 
 from __future__ import annotations
