@@ -446,7 +446,7 @@ void heads_backward(const Cfg& c, const F* raw, const F* mem_prev, const F* msq_
 template <typename F>
 void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
   const Cfg& c = v.c;
-  const int64_t B = c.B, C = c.C, G = c.gate_size();
+  const int64_t B = c.B, C = c.C, G = v.gate_width();
   const int64_t M = c.M, N = c.N;
   const F* xp = p.xpre;
   const F* r0 = p.reads0;
@@ -459,7 +459,7 @@ void forward(const View<F>& v, const Params<F>& p, int64_t T, bool keep_all) {
     const int64_t st = keep_all ? t : 0;
     // Controller, layer by layer: z = [input, h_prev], then one matmul over the batch.
     for (int64_t l = 0; l < c.L; ++l) {
-      const int64_t in = c.in_size(l), Z = c.z_size(l);
+      const int64_t in = v.in_width(l), Z = v.z_width(l);
       F* z = v.z(l, st);
       const F* input = l > 0 ? v.h(s1, l - 1) : t == 0 ? r0 : v.reads(t - 1);
       for (int64_t b = 0; b < B; ++b) {
@@ -507,13 +507,13 @@ template <typename F>
 void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
               const F* dro_all, Carried<F>& g, const std::vector<F*>& dpres, F* draw_all) {
   const Cfg& c = v.c;
-  const int64_t B = c.B, C = c.C, M = c.M, N = c.N, G = c.gate_size();
+  const int64_t B = c.B, C = c.C, M = c.M, N = c.N, G = v.gate_width();
   const int64_t Hr = c.Hr, Hw = c.Hw;
   const std::vector<const F*>& wts = p.weights;
   const F* wpp = p.wp;
   std::vector<F> dtop(B * C), dlow(B * C), tc(C);
   std::vector<std::vector<F>> dz;
-  for (int64_t l = 0; l < c.L; ++l) dz.emplace_back(B * c.z_size(l));
+  for (int64_t l = 0; l < c.L; ++l) dz.emplace_back(v.z_size[l]);
   F *dmem = g.dmem, *dwr = g.dwr, *dww = g.dww, *dreads = g.dreads, *gdh = g.dh, *gdc = g.dc;
   for (int64_t t = T - 1; t >= 0; --t) {
     const F* rawp = v.raw(t);
@@ -539,7 +539,7 @@ void backward(const View<F>& v, const Params<F>& p, int64_t T, const F* dho,
     gemm<F>(false, false, B, C, c.P, drw, wpp, F(1), dtop.data());  // += draw wp
     F* dh = dtop.data();
     for (int64_t l = c.L - 1; l >= 0; --l) {
-      const int64_t in = c.in_size(l), Z = c.z_size(l);
+      const int64_t in = v.in_width(l), Z = v.z_width(l);
       F* dgl = gdh + l * B * C;
       F* dp = dpres[l] + t * B * G;
       const F* ap = v.act(l, t);

@@ -27,9 +27,6 @@ struct Cfg {
   double beta_cap, gamma_cap, tiny;
   NTMCall call;  // field_start and field_width: where each head's fields lie
 
-  int64_t in_size(int64_t layer) const { return layer == 0 ? Hr * M : C; }
-  int64_t z_size(int64_t layer) const { return in_size(layer) + (lstm ? C : 0); }
-  int64_t gate_size() const { return lstm ? 4 * C : C; }
   // Where head k's field f lies in the permuted head layer output (k < Hw: write heads).
   int64_t at(HeadField f, int64_t k) const {
     return k < Hw ? call.field_start[2 * f] + k * call.field_width[f]
@@ -95,6 +92,12 @@ struct View : NTMCallBuffers<F> {
   View(const NTMCall& d, const uintptr_t* p) : c(config(d)), end(this->take(d, p)) {}
   Cfg c;
   size_t end;
+
+  // Widths per batch row, from the buffer table's shapes (engines/calls.py's NTMCall.buffers):
+  // layer l's matmul input z = [input, h_prev] (h_prev for an LSTM), its input, its gates.
+  int64_t z_width(int64_t l) const { return this->z_size[l] / c.B; }
+  int64_t in_width(int64_t l) const { return z_width(l) - (c.lstm ? c.C : 0); }
+  int64_t gate_width() const { return this->act_size[0] / c.B; }
 
   F* h(int64_t slot, int64_t l) const { return NTMCallBuffers<F>::h(slot) + l * c.B * c.C; }
   F* cell(int64_t slot, int64_t l) const {
