@@ -284,9 +284,10 @@ def test_shipped_dnc_traversal_answers_as_documented():
                                                                    abs=0.01)
 
 
-# The shipped copy model is `ntm train copy --seed 1`'s output, made on this CPU capability with
-# this torch: there, training again must give the same weights to the bit (elsewhere the native
-# kernels' vector width or torch's BLAS round differently, and a seed's run takes another path).
+# The shipped copy model is `ntm train copy`'s output (seed 0, the default), made on this CPU
+# capability with this torch: there, training again must give the same weights to the bit
+# (elsewhere the native kernels' vector width or torch's BLAS round differently, and a seed's run
+# takes another path).
 COPY_COMMAND_SEED, COPY_MADE_ON = 0, ("AVX2", "2.13.0+cpu")
 
 
