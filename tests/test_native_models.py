@@ -452,9 +452,10 @@ def test_native_engine_is_what_runs(spec, monkeypatch):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_the_batch_invariant_matmul(dtype):
     """`library.linear_rows` (csrc/common.h's `gemm_rows_invariant`): ``x W^T + b`` to float64's
-    rounding of the same sum, for shapes around its blocks (4 rows x 2 vectors, 1 row x 8
-    vectors, a last partial vector, k = 1); each row the same bits alone as among the others;
-    the bias left as it was."""
+    rounding of the same sum, for shapes around its paths and blocks (1-3 rows in scalars; rows
+    across lanes, padded, in blocks of 2 vectors x 4 columns and 1 x 8, columns left over, k =
+    1); each row the same bits alone (the scalar path) as among the others; the bias left as it
+    was."""
     if not library.available("dnc", dtype):
         pytest.skip(f"native library not built: {library.error('dnc', dtype)}")
     tol = {"rtol": 1e-5, "atol": 1e-5} if dtype == torch.float32 else TOL

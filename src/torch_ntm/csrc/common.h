@@ -250,39 +250,135 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F
   }
 }
 
-// out[m, n] += A[m, k] Bt[k, n], each entry summed in one fixed order whatever m and wherever it
-// falls in the blocking: a lane of a vector accumulator per entry, one fused multiply-add per q
-// from q = 0 to k - 1, then added to out. So a batch row gets the same bits alone as in any batch:
-// BLAS does not promise that (gemv at m = 1, blocked kernels above, ~1e-7 apart), and the MANN's
-// and the DNC's usages, sorted each step, turn such differences into another row allocated when
-// usages that are equal in exact arithmetic round apart. Blocks of 4 rows x 2 vectors (of 1 row x
-// 8 vectors for the rows past a multiple of 4: a batch of 1) keep 8 accumulators in flight.
+// Below this many rows `gemm_rows_invariant` puts its lanes across B's rows, not A's.
+constexpr int64_t kFewRows = 4;
+
+// One lane of Vec's fmadd on scalars: fused where the instruction set has it (the build's
+// CPU_CAPABILITY), a product then a sum where it has not, as vec.h's generic type.
 template <typename F>
-void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* bt, F* out) {
+inline F lane_fmadd(F a, F b, F c) {
+#if defined(CPU_CAPABILITY_AVX512) || defined(CPU_CAPABILITY_AVX2)
+  return std::fma(a, b, c);
+#else
+  const F product = a * b;
+  return product + c;
+#endif
+}
+
+// w [rows, cols] transposed into `buffer` (resized to [cols, rows]; a thread's buffer keeps its
+// memory from one call to the next), in tiles of 16 x 16 so that neither side's accesses stride
+// across the whole matrix. Returns the buffer's data.
+template <typename F>
+const F* transposed(std::vector<F>& buffer, int64_t rows, int64_t cols, const F* w) {
+  constexpr int64_t kTile = 16;
+  buffer.resize(rows * cols);
+  F* t = buffer.data();
+  for (int64_t r0 = 0; r0 < rows; r0 += kTile) {
+    for (int64_t q0 = 0; q0 < cols; q0 += kTile) {
+      const int64_t r1 = std::min(rows, r0 + kTile), q1 = std::min(cols, q0 + kTile);
+      for (int64_t r = r0; r < r1; ++r)
+        for (int64_t q = q0; q < q1; ++q) t[q * rows + r] = w[r * cols + q];
+    }
+  }
+  return t;
+}
+
+// `gemm_rows_invariant` (below) for a few rows given Bt = B^T [k, n]: lanes across B's rows,
+// each entry's steps the same; 4 vectors of a row at a time.
+template <typename F>
+void gemm_few_rows_t(int64_t m, int64_t n, int64_t k, const F* a, const F* bt, F* out) {
   using V = Vec<F>;
   constexpr int64_t W = V::size();
-  // Entries [i0, i0 + BI) x [j0, j0 + BJ W), the last vector `last` lanes wide.
-  auto block = [&](int64_t i0, int64_t j0, auto bi, auto bj, int64_t last) {
+  for (int64_t i = 0; i < m; ++i) {
+    const F* ai = a + i * k;
+    F* oi = out + i * n;
+    int64_t j = 0;
+    for (; j + 4 * W <= n; j += 4 * W) {
+      V acc[4] = {V(F(0)), V(F(0)), V(F(0)), V(F(0))};
+      for (int64_t q = 0; q < k; ++q) {
+        const V av(ai[q]);
+        for (int64_t v = 0; v < 4; ++v) {
+          acc[v] = fmadd(av, V::loadu(bt + q * n + j + v * W), acc[v]);
+        }
+      }
+      for (int64_t v = 0; v < 4; ++v) (V::loadu(oi + j + v * W) + acc[v]).store(oi + j + v * W);
+    }
+    for (; j < n; j += W) {
+      const int64_t lanes = std::min(W, n - j);
+      V acc(F(0));
+      for (int64_t q = 0; q < k; ++q) acc = fmadd(V(ai[q]), V::loadu(bt + q * n + j, lanes), acc);
+      (V::loadu(oi + j, lanes) + acc).store(oi + j, lanes);
+    }
+  }
+}
+
+// `gemm_rows_invariant` (below) for a few rows (a batch of 1 to 3) without B^T: each entry's
+// steps in scalars, 8 entries of a row at a time, B read in its own layout.
+template <typename F>
+void gemm_few_rows(int64_t m, int64_t n, int64_t k, const F* a, const F* b, F* out) {
+  constexpr int64_t BJ = 8;
+  for (int64_t i = 0; i < m; ++i) {
+    const F* ai = a + i * k;
+    int64_t j0 = 0;
+    for (; j0 + BJ <= n; j0 += BJ) {
+      F acc[BJ] = {};
+      for (int64_t q = 0; q < k; ++q) {
+        for (int64_t j = 0; j < BJ; ++j) acc[j] = lane_fmadd(ai[q], b[(j0 + j) * k + q], acc[j]);
+      }
+      for (int64_t j = 0; j < BJ; ++j) out[i * n + j0 + j] += acc[j];
+    }
+    for (; j0 < n; ++j0) {
+      F acc = 0;
+      for (int64_t q = 0; q < k; ++q) acc = lane_fmadd(ai[q], b[j0 * k + q], acc);
+      out[i * n + j0] += acc;
+    }
+  }
+}
+
+// out[m, n] += A[m, k] B[n, k]^T, each entry summed in one fixed order whatever m and wherever its
+// row falls: acc = 0, then acc = fma(A[i, q], B[j, q], acc) for q = 0 .. k - 1 (one vector lane
+// per entry), then out[i, j] += acc. So a batch row gets the same bits alone as in any batch: BLAS
+// does not promise that (gemv at m = 1, blocked kernels above, ~1e-7 apart), and the MANN's and
+// the DNC's usages, sorted each step, turn such differences into another row allocated when
+// usages that are equal in exact arithmetic round apart. The lanes run across A's rows (A
+// transposed into a thread's buffer, padded to whole vectors; blocks of 2 vectors of rows x 4
+// columns, or 1 x 8, keep 8 accumulators in flight), or, for fewer than kFewRows rows (a batch
+// of 1), across B's rows when the caller has B^T (`bt`, `gemm_few_rows_t`: the steps' weights,
+// transposed once a call) or else in scalars (`gemm_few_rows`), so that no lane is padding.
+template <typename F>
+void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* b, F* out,
+                         const F* bt = nullptr) {
+  using V = Vec<F>;
+  constexpr int64_t W = V::size();
+  if (m < kFewRows) {
+    return bt ? gemm_few_rows_t(m, n, k, a, bt, out) : gemm_few_rows(m, n, k, a, b, out);
+  }
+  const int64_t mp = (m + W - 1) / W * W;
+  thread_local std::vector<F> buffer;
+  buffer.assign(k * mp, F(0));
+  F* at = buffer.data();  // [k, mp]
+  for (int64_t i = 0; i < m; ++i)
+    for (int64_t q = 0; q < k; ++q) at[q * mp + i] = a[i * k + q];
+  // Rows [i0, i0 + BI W) x columns [j0, j0 + BJ).
+  auto block = [&](int64_t i0, int64_t j0, auto bi, auto bj) {
     constexpr int64_t BI = decltype(bi)::value, BJ = decltype(bj)::value;
-    auto load = [&](const F* p, int64_t j) {
-      return j == BJ - 1 && last < W ? V::loadu(p, last) : V::loadu(p);
-    };
-    V acc[BI][BJ];
-    for (int64_t i = 0; i < BI; ++i)
-      for (int64_t j = 0; j < BJ; ++j) acc[i][j] = V(F(0));
+    V acc[BJ][BI];
+    for (int64_t j = 0; j < BJ; ++j)
+      for (int64_t i = 0; i < BI; ++i) acc[j][i] = V(F(0));
     for (int64_t q = 0; q < k; ++q) {
-      V bv[BJ];
-      for (int64_t j = 0; j < BJ; ++j) bv[j] = load(bt + q * n + j0 + j * W, j);
-      for (int64_t i = 0; i < BI; ++i) {
-        const V av(a[(i0 + i) * k + q]);
-        for (int64_t j = 0; j < BJ; ++j) acc[i][j] = fmadd(av, bv[j], acc[i][j]);
+      V av[BI];
+      for (int64_t i = 0; i < BI; ++i) av[i] = V::loadu(at + q * mp + i0 + i * W);
+      for (int64_t j = 0; j < BJ; ++j) {
+        const V bv(b[(j0 + j) * k + q]);
+        for (int64_t i = 0; i < BI; ++i) acc[j][i] = fmadd(bv, av[i], acc[j][i]);
       }
     }
-    for (int64_t i = 0; i < BI; ++i) {
-      for (int64_t j = 0; j < BJ; ++j) {
-        F* o = out + (i0 + i) * n + j0 + j * W;
-        const V sum = load(o, j) + acc[i][j];
-        if (j == BJ - 1 && last < W) sum.store(o, last); else sum.store(o);
+    F lanes[W];
+    for (int64_t j = 0; j < BJ; ++j) {
+      for (int64_t i = 0; i < BI; ++i) {
+        acc[j][i].store(lanes);
+        const int64_t rows = std::min(W, m - (i0 + i * W));
+        for (int64_t l = 0; l < rows; ++l) out[(i0 + i * W + l) * n + j0 + j] += lanes[l];
       }
     }
   };
@@ -290,17 +386,16 @@ void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* b
   using Two = std::integral_constant<int64_t, 2>;
   using Four = std::integral_constant<int64_t, 4>;
   using Eight = std::integral_constant<int64_t, 8>;
-  // Columns [0, n) of rows [i, i + rows) in blocks of `wide` vectors, then one vector at a time.
+  // Columns [0, n) of the rows from i in blocks of `wide`, then one at a time.
   auto columns = [&](int64_t i, auto rows, auto wide) {
+    constexpr int64_t BJ = decltype(wide)::value;
     int64_t j = 0;
-    for (; j + decltype(wide)::value * W <= n; j += decltype(wide)::value * W) {
-      block(i, j, rows, wide, W);
-    }
-    for (; j < n; j += W) block(i, j, rows, One{}, std::min(W, n - j));
+    for (; j + BJ <= n; j += BJ) block(i, j, rows, wide);
+    for (; j < n; ++j) block(i, j, rows, One{});
   };
   int64_t i = 0;
-  for (; i + 4 <= m; i += 4) columns(i, Four{}, Two{});
-  for (; i < m; ++i) columns(i, One{}, Eight{});
+  for (; i + 2 * W <= mp; i += 2 * W) columns(i, Two{}, Four{});
+  for (; i < mp; i += W) columns(i, One{}, Eight{});
 }
 
 // Rows [0, rows) of out [rows, width] set to the row `vec` [width].
@@ -369,26 +464,26 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
 // Z = RM + C: the recurrent matmul's input [reads_{t-1}, h_{t-1}] per batch row.
 // ------------------------------------------------------------------------------------------------
 
-// The matmuls' weights of `controller_forward`, transposed once a call: W_rh^T [Z, 4C] and W_p^T
-// [C, P] from W_rh [4C, Z] and W_p [P, C].
+// For a batch of fewer than kFewRows, `controller_forward`'s weights transposed once a call (W_rh^T
+// [Z, 4C], W_p^T [C, P], into a thread's buffers), so that each step's matmuls put their lanes
+// across the weights' rows (`gemm_few_rows_t`); null for a larger batch.
 template <typename F>
-struct ControllerWeights {
-  std::vector<F> wrh_t, wp_t;
-  ControllerWeights(int64_t C, int64_t RM, int64_t P, const F* wrh, const F* wp)
-      : wrh_t(transposed(4 * C, RM + C, wrh)), wp_t(transposed(P, C, wp)) {}
-  static std::vector<F> transposed(int64_t rows, int64_t cols, const F* w) {
-    std::vector<F> t(rows * cols);
-    for (int64_t r = 0; r < rows; ++r)
-      for (int64_t q = 0; q < cols; ++q) t[q * rows + r] = w[r * cols + q];
-    return t;
+struct FewRowsWeights {
+  const F *wrh_t = nullptr, *wp_t = nullptr;
+  FewRowsWeights(int64_t B, int64_t C, int64_t RM, int64_t P, const F* wrh, const F* wp) {
+    if (B >= kFewRows) return;
+    thread_local std::vector<F> wrh_buffer, wp_buffer;
+    wrh_t = transposed(wrh_buffer, 4 * C, RM + C, wrh);
+    wp_t = transposed(wp_buffer, P, C, wp);
   }
 };
 
 // z [B, Z] = [rprev, hprev]; act [B, 4C] = xpre_t + z W_rh^T, then the activated gates; c_new,
-// h [B, C]; raw [B, P] = bp + h W_p^T (`w`: those weights transposed).
+// h [B, C]; raw [B, P] = bp + h W_p^T (`w`: those weights transposed for a batch of a few).
 template <typename F>
 void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rprev,
-                        const F* hprev, const F* xpre_t, const ControllerWeights<F>& w, const F* bp,
+                        const F* hprev, const F* xpre_t, const F* wrh, const F* wp,
+                        const FewRowsWeights<F>& w, const F* bp,
                         const F* c_prev, F* c_new, F* z, F* act, F* h, F* raw) {
   const int64_t Z = RM + C, G = 4 * C;
   for (int64_t b = 0; b < B; ++b) {
@@ -396,10 +491,10 @@ void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rp
     std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + RM);
   }
   std::copy(xpre_t, xpre_t + B * G, act);
-  gemm_rows_invariant<F>(B, G, Z, z, w.wrh_t.data(), act);
+  gemm_rows_invariant<F>(B, G, Z, z, wrh, act, w.wrh_t);
   lstm_gates(act, c_prev, c_new, h, B, C);
   fill_rows(raw, bp, B, P);
-  gemm_rows_invariant<F>(B, P, C, h, w.wp_t.data(), raw);
+  gemm_rows_invariant<F>(B, P, C, h, wp, raw, w.wp_t);
 }
 
 // `controller_forward` backward, from draw [B, P] (the head layer's outputs' gradient), dho

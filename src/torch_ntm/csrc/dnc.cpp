@@ -502,13 +502,14 @@ void forward(const View<F>& v, const Controller<F>& p) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW();
   Scratch<F> s(c);
-  const ControllerWeights<F> w(C, RW, c.P, p.wrh, p.wp);
+  const FewRowsWeights<F> few(B, C, RW, c.P, p.wrh, p.wp);
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
     F* raw = v.raw(st);
     controller_forward(B, C, RW, c.P, t == 0 ? p.reads0 : v.reads(t - 1),
-                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), w, p.bp,
+                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp,
+                       few, p.bp,
                        v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
     for (int64_t b = 0; b < B; ++b) {
       access(c, raw + b * c.P, v.state(s0, b), v.state(s1, b), v.reads(t) + b * RW,

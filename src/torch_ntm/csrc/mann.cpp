@@ -488,14 +488,15 @@ template <typename F>
 void forward(const View<F>& v, const Controller<F>& p, F* work) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
-  const ControllerWeights<F> w(C, H * M, c.P, p.wrh, p.wp);
+  const FewRowsWeights<F> few(B, C, H * M, c.P, p.wrh, p.wp);
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
     // Controller and head layer (common.h).
     F* raw = v.raw(st);
     controller_forward(B, C, H * M, c.P, t == 0 ? p.reads0 : v.reads(t - 1),
-                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), w, p.bp,
+                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp,
+                       few, p.bp,
                        v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
     // Where every step's memory is kept, the step computes in two slots of work that stay in
     // cache, and its memory is streamed to the history (written in place, each step's new

@@ -530,12 +530,12 @@ def _raise_if_failed(lib: ctypes.CDLL, name: str, returned: int) -> None:
 def linear_rows(name: str, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor
                 ) -> torch.Tensor:
     """``x [m, k] weight[n, k]^T + bias`` by library ``name``'s batch-invariant matmul (each row's
-    entries summed in one order, whatever ``m``; `torch_ntm_linear_rows`); no autograd. ``x`` and
-    ``bias`` contiguous, all of one dtype."""
+    entries summed in one order, whatever ``m``; `torch_ntm_linear_rows`); no autograd. ``x``
+    contiguous, all of one dtype."""
     m, k = x.shape
     out = x.new_empty(m, weight.shape[0]).copy_(bias)  # a copy even at m = 1
-    transposed = weight.t().contiguous()  # held: the call reads its address
+    weight = weight.contiguous()  # held: the call reads its address
     lib = library(name, x.dtype)
     _raise_if_failed(lib, "torch_ntm_linear_rows", lib.torch_ntm_linear_rows(
-        DTYPES[x.dtype], m, weight.shape[0], k, *data(x, transposed, out)))
+        DTYPES[x.dtype], m, weight.shape[0], k, *data(x, weight, out)))
     return out

@@ -122,17 +122,26 @@ def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
             [getattr(buf, name)[last] for name in spec.state])
 
 
-class _LinearRows(torch.autograd.Function):
-    """``F.linear`` over the rows of ``x [..., k]`` by the library's batch-invariant matmul
+def _linear_rows(name: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``F.linear`` over the rows of ``x [..., k]`` by library ``name``'s batch-invariant matmul
     (`library.linear_rows`): each row's result the same bits whatever the batch, as the steps'
-    matmuls are. The gradients are torch's matmuls."""
+    matmuls are; differentiable where gradients are enabled and an input requires them
+    (`_LinearRows`)."""
+    if torch.is_grad_enabled() and (x.requires_grad or weight.requires_grad
+                                    or bias.requires_grad):
+        return _LinearRows.apply(name, x, weight, bias)
+    rows = library.linear_rows(name, x.reshape(-1, x.shape[-1]).contiguous(), weight, bias)
+    return rows.view(*x.shape[:-1], weight.shape[0])
+
+
+class _LinearRows(torch.autograd.Function):
+    """`_linear_rows` under autograd: its gradients are torch's matmuls."""
 
     @staticmethod
     def forward(ctx, name: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
         ctx.save_for_backward(x, weight)
-        rows = library.linear_rows(name, x.reshape(-1, x.shape[-1]).contiguous(),
-                                   weight, bias.contiguous())
-        return rows.view(*x.shape[:-1], weight.shape[0])
+        with torch.no_grad():
+            return _linear_rows(name, x, weight, bias)
 
     @staticmethod
     def backward(ctx, grad: Tensor):
@@ -161,7 +170,7 @@ def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state, memory: tuple
     """
     library.keep_freed_memory_once()
     xpre, wrh = lstm_input_side(
-        model, x, lambda rows, weight, bias: _LinearRows.apply(spec.entry, rows, weight, bias))
+        model, x, lambda rows, weight, bias: _linear_rows(spec.entry, rows, weight, bias))
     hs, reads, c, final = sequence(
         spec, cfg, xpre, wrh, model.head_params.weight.contiguous(),
         model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
