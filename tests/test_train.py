@@ -878,3 +878,105 @@ def test_a_run_saved_with_the_flat_config_of_earlier_versions_resumes_as_if_unin
     resumed = old.model(latest=True).state_dict()
     for name, weight in straight.model(latest=True).state_dict().items():
         torch.testing.assert_close(resumed[name], weight, rtol=0, atol=0)
+
+
+_STARTS = [*_TINY_LR, "starts=3", "start_sequences=4", "max_sequences=8", "eval_sizes=",
+           "log_every=1"]
+
+
+def _same_tensors(a: dict, b: dict) -> bool:
+    """Whether two state dicts hold the same names and tensors, to the bit."""
+    return a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def _kept(run_dir):
+    from torch_ntm.checkpoint import load_checkpoint
+
+    return load_checkpoint(run_dir).kept_weights()
+
+
+def test_several_starts_go_on_from_the_one_whose_validation_is_best(tmp_path):
+    """``starts=K``: K runs of start_sequences from seeds seed + 1,000,000 k, then the best by
+    the run's own ranking goes on, as the same start resumed to max_sequences would."""
+    import shutil
+
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.train import _score, start_config, start_dir
+
+    config = resolve_config("copy", overrides=_STARTS, seed=5)
+    result = train(config, tmp_path / "run", progress=False)
+    starts = [load_checkpoint(start_dir(tmp_path / "run", k)) for k in range(3)]
+    assert [c.config.seed for c in starts] == [5, 1_000_005, 2_000_005]
+    assert {c.sequences for c in starts} == {4}
+    scores = [_score(c.best_metrics) for c in starts]
+    assert len(set(scores)) == 3  # the starts differ, so the choice means something
+    assert result.start == min(range(3), key=scores.__getitem__)
+    assert result.sequences == 8
+    # Start 0 is the run of the seed itself, with start_sequences for its budget.
+    plain = config.replaced(starts=1, start_sequences=0, max_sequences=4)
+    train(plain, tmp_path / "plain", progress=False)
+    assert _same_tensors(_kept(tmp_path / "plain"), _kept(start_dir(tmp_path / "run", 0)))
+    # The run goes on as the chosen start resumed would, its log carried over.
+    chosen = start_dir(tmp_path / "run", result.start)
+    shutil.copytree(chosen, tmp_path / "alone")
+    alone = start_config(config, result.start).replaced(max_sequences=8)
+    train(alone, tmp_path / "alone", resume=True, progress=False)
+    ours, theirs = load_checkpoint(tmp_path / "run"), load_checkpoint(tmp_path / "alone")
+    assert _same_tensors(ours.state_dict, theirs.state_dict)
+    assert _same_tensors(ours.kept_weights(), theirs.kept_weights())
+    def rows(run_dir):  # the clock apart
+        return [{k: v for k, v in r.items() if k != "elapsed_s"}
+                for r in read_metrics(run_dir / "metrics.csv")]
+
+    assert rows(tmp_path / "run") == rows(tmp_path / "alone")
+    assert len(rows(tmp_path / "run")) > 4  # the start's rows and the continuation's
+    assert ours.config == config  # the run's own config, not its start's
+
+
+def test_a_run_stopped_in_its_starts_resumes_them_and_ends_as_if_never_stopped(tmp_path):
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.cli import main
+    from torch_ntm.train import _train, start_config, start_dir
+
+    config = resolve_config("copy", overrides=_STARTS, seed=2)
+    whole = train(config, tmp_path / "whole", progress=False)
+    # Stopped half-way through start 1: start 0 done, start 1 at 2 of its 4 sequences.
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_text(config.to_json() + "\n")
+    _train(start_config(config, 0), start_dir(run, 0), resume=False, progress=False)
+    _train(start_config(config, 1).replaced(max_sequences=2), start_dir(run, 1), resume=False,
+           progress=False)
+    assert main(["train", "copy", "--resume", str(run), "--no-plots", "--no-progress"]) == 0
+    ours, theirs = load_checkpoint(run), load_checkpoint(tmp_path / "whole")
+    assert ours.sequences == theirs.sequences == whole.sequences
+    assert _same_tensors(ours.state_dict, theirs.state_dict)
+    for k in range(3):
+        assert _same_tensors(_kept(start_dir(run, k)), _kept(start_dir(tmp_path / "whole", k)))
+
+
+def test_overwrite_removes_the_starts_runs_too(tmp_path, capsys):
+    from torch_ntm.cli import main
+
+    args = ["train", "copy", "--out", str(tmp_path / "run"), "--no-plots", "--no-progress",
+            *[a for key in _STARTS for a in ("--set", key)]]
+    assert main(args) == 0
+    assert "went on from start" in capsys.readouterr().out
+    (tmp_path / "run" / "starts" / "1" / "mine.txt").write_text("not the run's")
+    assert main([*args, "--overwrite", "--set", "starts=2"]) == 0
+    assert not (tmp_path / "run" / "starts" / "2" / "checkpoint.json").exists()
+    assert (tmp_path / "run" / "starts" / "1" / "mine.txt").exists()  # not a run's: kept
+    assert (tmp_path / "run" / "starts" / "1" / "checkpoint.json").exists()  # trained again
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["starts=2"], r"starts=2 needs start_sequences, each start's budget, above 0 and below "
+                   r"max_sequences \(8\); got 0"),
+    (["starts=2", "start_sequences=8"], "needs start_sequences"),
+    (["starts=0"], r"starts=0 is out of range; it must be an integer from 1 to 100"),
+])
+def test_starts_are_checked(overrides, message):
+    from torch_ntm.config import ConfigError
+
+    with pytest.raises(ConfigError, match=message):
+        resolve_config("copy", overrides=[*_TINY_LR, "max_sequences=8", *overrides])

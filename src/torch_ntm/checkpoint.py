@@ -326,10 +326,15 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
         except (CheckpointError, ValueError, AttributeError, TypeError, IndexError,
                 RecursionError):
             found.append(name)
-    for name in ("figures", "tb"):
+    for name in ("figures", "tb", "starts"):
         path = run_dir / name
         if path.is_symlink() or (path.exists() and not path.is_dir()):
             found.append(name)
+    for start in _starts(run_dir) if "starts" not in found else []:  # several starts' runs
+        if start.is_symlink() or not start.is_dir():
+            found.append(str(start.relative_to(run_dir)))
+        else:
+            found += [str((start / name).relative_to(run_dir)) for name in foreign_files(start)]
     # and inside them, what clear_run would remove: checked before anything is removed
     inside = [run_dir / "figures" / name for name in RUN_FIGURES]
     if "tb" not in found and (run_dir / "tb").is_dir():
@@ -344,8 +349,9 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
 
 def clear_run(run_dir: str | os.PathLike) -> None:
     """Remove the files a run writes (checkpoint, config, metrics, TensorBoard events, its
-    figures) from ``run_dir``, and nothing else; for ``ntm train --overwrite``. A link or other
-    file that is not the run's own (`foreign_files`) is refused before anything is removed."""
+    figures, and those of its several starts' runs) from ``run_dir``, and nothing else; for
+    ``ntm train --overwrite``. A link or other file that is not the run's own (`foreign_files`)
+    is refused before anything is removed."""
     run_dir = Path(run_dir)
     foreign = foreign_files(run_dir)
     if foreign:
@@ -363,6 +369,16 @@ def clear_run(run_dir: str | os.PathLike) -> None:
     if tb.is_dir():
         for event in tb.glob("events.out.tfevents.*"):
             remove_file(event)
+    for start in _starts(run_dir):
+        clear_run(start)
+
+
+def _starts(run_dir: Path) -> list[Path]:
+    """The folders of a run's several starts (``starts``: RUN/starts/K), by K."""
+    folder = run_dir / "starts"
+    if not folder.is_dir() or folder.is_symlink():
+        return []
+    return sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:

@@ -216,7 +216,7 @@ def _cmd_train(args) -> int:
     from torch_ntm.factories import build_model, build_task
     from torch_ntm.overrides import apply_overrides
     from torch_ntm.presets import resolve_config
-    from torch_ntm.train import is_main_process, load_initial_weights
+    from torch_ntm.train import is_main_process, load_initial_weights, starting_config
 
     main_process = is_main_process()  # under torchrun, rank 0 writes
     saved = None  # a resumed run's own config
@@ -226,11 +226,14 @@ def _cmd_train(args) -> int:
         if given:
             raise ConfigError(f"{', '.join(given)} cannot be given with --resume: the run "
                               f"continues in its own directory with its own settings")
-        ckpt = load_checkpoint(args.resume)
-        args.resume = ckpt.path.parent  # RUN/checkpoint.json, as evaluate takes it: the run
-        if ckpt.config.task != args.task:
-            raise ConfigError(f"{args.resume} is a {ckpt.config.task!r} run, not {args.task!r}")
-        saved, config = ckpt.config, apply_overrides(ckpt.config, args.overrides)
+        saved = starting_config(args.resume)  # a run still training its starts
+        if saved is None:
+            ckpt = load_checkpoint(args.resume)
+            args.resume = ckpt.path.parent  # RUN/checkpoint.json, as evaluate takes it: the run
+            saved = ckpt.config
+        if saved.task != args.task:
+            raise ConfigError(f"{args.resume} is a {saved.task!r} run, not {args.task!r}")
+        config = apply_overrides(saved, args.overrides)
         check_resume(saved, config)
         run_dir = args.resume
     else:
@@ -316,7 +319,7 @@ def _metrics_line(metrics: dict) -> str:
 def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.overrides import override_keys
-    from torch_ntm.train import train
+    from torch_ntm.train import start_config, start_dir, train
 
     started = time.perf_counter()
     # A rate given on resume replaces the run's current one, even the value it started with.
@@ -343,6 +346,11 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
         status = "converged" if result.converged else "stopped (budget)"
         print(f"{status} after {result.sequences} sequences, {result.step} steps, "
               f"{wall:.1f} s wall this session ({result.elapsed_s:.1f} s training in total)")
+    if result.start is not None:
+        print(f"went on from start {result.start} of {config.stabilise.starts} "
+              f"({start_dir(run_dir, result.start)}, seed "
+              f"{start_config(config, result.start).seed}): the best validation after "
+              f"{config.stabilise.start_sequences} sequences each")
     print("last validation: " + _metrics_line(result.metrics))
     ckpt = load_checkpoint(run_dir)
     kept = ckpt.best_metrics

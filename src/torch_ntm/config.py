@@ -124,6 +124,14 @@ class Stabilisation:
     # throughout. 0 disables.
     curriculum_start: int = 0
     curriculum_bit_errors: float = 0.5
+    # Several starts (random restarts): train `starts` models, from seeds seed + 1,000,000 k
+    # (mod 2**64; k = 0 .. starts - 1: the first from seed itself), start_sequences sequences each,
+    # in RUN/starts/K, then go on with the one whose kept validation is best (as a run ranks its
+    # own) to max_sequences. For a task whose runs leave a plateau at a time that is a draw
+    # (n-grams: docs/results/ngrams.md); the other starts' sequences come on top of
+    # max_sequences. 1: one start.
+    starts: int = 1
+    start_sequences: int = 0
 
 
 @dataclass
@@ -405,6 +413,11 @@ class TrainConfig:
                 drawable()
             except ValueError as e:
                 raise ConfigError(f"{source}: {e}") from None
+        stab = self.stabilise
+        if stab.starts > 1 and not 0 < stab.start_sequences < self.max_sequences:
+            raise ConfigError(f"{source}: starts={stab.starts} needs start_sequences, each "
+                              f"start's budget, above 0 and below max_sequences "
+                              f"({self.max_sequences}); got {stab.start_sequences}")
         milestones = self.stabilise.lr_milestones
         if any(a >= b for a, b in zip(milestones, milestones[1:])):
             raise ConfigError(f"{source}: lr_milestones={milestones} must increase "
@@ -574,6 +587,8 @@ _RANGES = {
     "eval_memory_size": (lambda v: v >= 0, "an integer >= 0 (0: memory_size)"),
     "clip_spikes": (lambda v: v == 0 or _finite(1)(v), "0 (off) or a finite number >= 1"),
     "curriculum_start": (lambda v: v >= 0, "an integer >= 0 (0 disables)"),
+    "starts": (lambda v: 1 <= v <= 100, "an integer from 1 to 100"),
+    "start_sequences": (lambda v: v >= 0, "an integer >= 0"),
     "curriculum_bit_errors": (_finite(0), "a finite number >= 0"),
     "input_max_norm": (_finite(0), "a finite number >= 0 (0 disables)"),
     "input_max_norm_ramp": (lambda v: v >= 0, "an integer >= 0 (0: the cap at once)"),

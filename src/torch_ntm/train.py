@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import json
 import math
 import os
 import signal
@@ -26,6 +27,8 @@ from torch import nn
 from torch.optim.swa_utils import get_ema_multi_avg_fn
 
 from torch_ntm.checkpoint import (
+    CHECKPOINT_JSON,
+    MAX_RECORD_BYTES,
     CheckpointError,
     KeptWeights,
     atomic_write,
@@ -44,13 +47,16 @@ from torch_ntm.config import (
 from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.flat_optim import FlatOptimizer
-from torch_ntm.runlog import MetricsLog
+from torch_ntm.runfiles import read_own
+from torch_ntm.runlog import MAX_METRICS_BYTES, MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip
 
 __all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_batches",
            "is_main_process"]
 
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes, eval_repeats)
+# Start k of a run with several (``starts``) draws from seed + START_SEED_STEP * k (mod 2**64)
+START_SEED_STEP = 1_000_000
 # The validation set of a task whose held-out data is not its training distribution (Omniglot's
 # test split): a seed of its own, so that `ntm evaluate`'s episodes (EVAL_SEED) are not those that
 # chose the weights to keep.
@@ -69,6 +75,8 @@ class TrainResult:
     # False when a resumed run had nothing left to train (it had converged, or its budget was
     # spent, under the resumed config): its directory is then left as it was.
     trained: bool = True
+    # With several starts (``starts``): the one that went on (k: RUN/starts/k), else None.
+    start: int | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -358,10 +366,83 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     ``max_sequences``/``max_seconds`` is spent.
     Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory,
     holding its lock (`torch_ntm.checkpoint.lock_run`): a second training into it is refused.
+
+    With ``starts`` above 1, the run first trains each start (`start_config`) in
+    ``RUN/starts/K`` (resuming those that were stopped, passing over those that are done), then
+    goes on in ``run_dir`` from the start whose kept validation is best (`_score`; the first of
+    equals), with that start's metrics, counters, optimizer and data streams, as if it had been
+    the run from its first step (``TrainResult.start`` says which).
     """
     config.check()  # a config built in Python: the checks the command line's parser makes
+    run_dir = Path(run_dir)
     with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
-        return _train(config, Path(run_dir), resume=resume, progress=progress, new_lr=new_lr)
+        if config.stabilise.starts > 1 and not (resume and has_checkpoint(run_dir)):
+            return _train_starts(config, run_dir, resume=resume, progress=progress)
+        return _train(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
+
+
+def start_config(config: TrainConfig, k: int) -> TrainConfig:
+    """The config of start ``k`` of a run with several (``starts``): its seed (seed +
+    `START_SEED_STEP` k, mod 2**64), ``start_sequences`` for its budget, no time limit."""
+    return config.replaced(seed=(config.seed + START_SEED_STEP * k) % 2**64,
+                           max_sequences=config.stabilise.start_sequences, max_seconds=0.0,
+                           starts=1, start_sequences=0)
+
+
+def start_dir(run_dir: str | os.PathLike, k: int) -> Path:
+    """Where start ``k`` of a run with several (``starts``) trains."""
+    return Path(run_dir) / "starts" / str(k)
+
+
+def has_checkpoint(run_dir: Path) -> bool:
+    return (run_dir / CHECKPOINT_JSON).is_file()
+
+
+def starting_config(run_dir: str | os.PathLike) -> TrainConfig | None:
+    """The config of a run with several starts that is still training them (no checkpoint of
+    its own yet; ``ntm train --resume`` goes on with them): its ``config.json``. None for any
+    other directory.
+
+    Raises:
+        CheckpointError: its config.json is not a readable config.
+    """
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir() or has_checkpoint(run_dir) or not (run_dir / "starts").is_dir():
+        return None
+    path = run_dir / "config.json"
+    try:
+        config = TrainConfig.from_dict(json.loads(read_own(path, MAX_RECORD_BYTES,
+                                                           "config.json")), source=str(path))
+    except (OSError, ValueError, RecursionError, ConfigError) as e:
+        raise CheckpointError(f"{path}: not a readable run config ({e})") from None
+    return config if config.stabilise.starts > 1 else None
+
+
+def _train_starts(config: TrainConfig, run_dir: Path, *, resume: bool,
+                  progress: bool | None) -> TrainResult:
+    """`train` with several starts, before ``run_dir`` has a checkpoint of its own: each
+    start, then the best one on in ``run_dir``."""
+    main = is_main_process()
+    if main:  # the run's own config from the first: `ntm train --resume` reads it
+        run_dir.mkdir(parents=True, exist_ok=True)
+        atomic_write(run_dir / "config.json", (config.to_json() + "\n").encode())
+    scores = []
+    for k in range(config.stabilise.starts):
+        folder = start_dir(run_dir, k)
+        try:
+            _train(start_config(config, k), folder, resume=has_checkpoint(folder),
+                   progress=progress)
+        except Interrupted as e:  # saved; `--resume RUN` goes on with this start
+            raise Interrupted(e.signum, e.step, run_dir) from None
+        ckpt = load_checkpoint(folder)
+        scores.append(_score(ckpt.best_metrics or ckpt.metrics))
+    best = min(range(len(scores)), key=lambda k: scores[k])
+    chosen = start_dir(run_dir, best)
+    if main:  # its log goes on as the run's
+        atomic_write(run_dir / "metrics.csv", read_own(chosen / "metrics.csv", MAX_METRICS_BYTES,
+                                                       "metrics.csv"))
+    result = _train(config, run_dir, resume=True, progress=progress, source=chosen)
+    return dataclasses.replace(result, start=best)
 
 
 def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
@@ -496,7 +577,9 @@ class _Run:
     named steps `_train` loops over."""
 
     def __init__(self, config: TrainConfig, run_dir: Path, resume: bool,
-                 new_lr: bool | None = None):
+                 new_lr: bool | None = None, source: Path | None = None):
+        """``source``: with ``resume``, the run to go on from when not ``run_dir`` itself (the
+        best of several starts, `_train_starts`)."""
         torch.set_num_threads(config.threads)
         self.config, self.run_dir = config, run_dir
         self.world = _World(resolve_device(config.device))
@@ -525,7 +608,7 @@ class _Run:
         self.saved_step = -1
         self.timed_out = False  # stopped by max_seconds
         if resume:
-            self._restore(load_checkpoint(run_dir), new_lr)
+            self._restore(load_checkpoint(source or run_dir), new_lr, source is not None)
         elif config.stabilise.curriculum_start < self.task.train_size:
             self.state.curriculum_size = config.stabilise.curriculum_start
         self.log = None
@@ -556,8 +639,10 @@ class _Run:
         self.start = time.perf_counter() - self.state.elapsed_s
         self.model.train()
 
-    def _restore(self, ckpt, new_lr: bool | None) -> None:
-        check_resume(ckpt.config, self.config)
+    def _restore(self, ckpt, new_lr: bool | None, from_start: bool = False) -> None:
+        start = ckpt.config.stabilise
+        check_resume(ckpt.config, self.config if not from_start else self.config.replaced(
+            seed=ckpt.config.seed, starts=start.starts, start_sequences=start.start_sequences))
         ckpt.load_weights_into(self.model)
         ckpt.restore_train_state(self.optimizer, self.data_gen)  # the lr is in its state
         self.state = _State.from_checkpoint(ckpt)
@@ -819,8 +904,8 @@ class _Run:
 
 
 def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None,
-           new_lr: bool | None = None):
-    run = _Run(config, run_dir, resume, new_lr)
+           new_lr: bool | None = None, source: Path | None = None):
+    run = _Run(config, run_dir, resume, new_lr, source)
     state = run.state
     bar = _progress(config.max_sequences, state.sequences, progress if run.world.main else False)
     # Under torchrun the ranks could see a signal at different steps: there it stops at once.
