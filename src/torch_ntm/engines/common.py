@@ -9,14 +9,12 @@ from __future__ import annotations
 
 import functools
 import logging
-from typing import Callable
 
 import torch
-import torch.nn.functional as F
 from torch import Tensor
 
 __all__ = ["DEVICES", "carried", "eager_only", "first_order_only", "lstm_gate_order", "lstm_ifog",
-           "lstm_input_side", "say_eager", "say_once"]
+           "say_eager", "say_once"]
 
 _log = logging.getLogger("torch_ntm.engines")
 # The device type of each engine that runs on one only; the others run on every device.
@@ -112,19 +110,3 @@ def lstm_ifog(gates: Tensor, cell: Tensor) -> tuple[Tensor, Tensor]:
     i, f, o = torch.sigmoid(gates[:, : 3 * c]).chunk(3, 1)
     cell = f * cell + i * torch.tanh(gates[:, 3 * c :])
     return o * torch.tanh(cell), cell
-
-
-def lstm_input_side(model: torch.nn.Module, x: Tensor, linear: Callable = F.linear
-                    ) -> tuple[Tensor, Tensor]:
-    """For a model whose one-layer LSTM controller reads ``[x_t, reads_{t-1}]`` (the MANN's and
-    the DNC's): the input side of every step in one matmul, ``xpre [T, B, 4C]`` (biases
-    included), and the weights of the rest, ``[4C, R W + C]`` over ``[reads, h]``, both with the
-    gates in the kernels' order (`lstm_gate_order`), under autograd. ``x`` is what the
-    controller reads of the steps (a MANN's `encode` of its input); ``linear(x, weight, bias)``
-    the matmul (`F.linear`'s signature)."""
-    cell = model.controller.cells[0]
-    order = lstm_gate_order(model.controller_size)
-    n = x.shape[-1]
-    weight_ih = cell.weight_ih[order]
-    xpre = linear(x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])
-    return xpre.contiguous(), torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)

@@ -3,7 +3,7 @@ reads_{t-1}]`` and whose memory step is one C++ kernel pair: the MANN's (``csrc/
 DNC's (``csrc/dnc.cpp``).
 
 What is one matmul over all steps stays under autograd: the LSTM's input side
-(`torch_ntm.engines.common.lstm_input_side`, by the library's batch-invariant matmul, as the
+(`_input_side`, by the library's batch-invariant matmul, as the
 steps' are: a sequence gets the same bits alone as in any batch, so the models' sorted usages
 cannot tie-break differently), the output layer, and, after the backward call, the weight
 gradients of the recurrent and head layers. The steps between are one C++ call each way,
@@ -21,7 +21,7 @@ import torch
 from torch import Tensor
 
 from torch_ntm.engines import library
-from torch_ntm.engines.common import carried, first_order_only, lstm_ifog, lstm_input_side
+from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order, lstm_ifog
 
 __all__ = ["Spec", "eager", "run", "sequence"]
 
@@ -122,6 +122,21 @@ def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
             [getattr(buf, name)[last] for name in spec.state])
 
 
+def _input_side(name: str, model: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+    """The input side of every step of ``model``'s one-layer LSTM controller, which reads
+    ``[x_t, reads_{t-1}]``: ``xpre [T, B, 4C]`` (biases included) in one matmul (library
+    ``name``'s batch-invariant one, `_linear_rows`), and the weights of the rest, ``[4C, R W + C]``
+    over ``[reads, h]``, both with the gates in the kernels' order (`lstm_gate_order`), under
+    autograd. ``x`` is what the controller reads of the steps (a MANN's `encode` of its
+    input)."""
+    cell = model.controller.cells[0]
+    order = lstm_gate_order(model.controller_size)
+    n = x.shape[-1]
+    weight_ih = cell.weight_ih[order]
+    xpre = _linear_rows(name, x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])
+    return xpre.contiguous(), torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)
+
+
 def _linear_rows(name: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """``F.linear`` over the rows of ``x [..., k]`` by library ``name``'s batch-invariant matmul
     (`library.linear_rows`): each row's result the same bits whatever the batch, as the steps'
@@ -169,8 +184,7 @@ def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state, memory: tuple
         the final reads)``, differentiable where gradients are enabled (`sequence`).
     """
     library.keep_freed_memory_once()
-    xpre, wrh = lstm_input_side(
-        model, x, lambda rows, weight, bias: _linear_rows(spec.entry, rows, weight, bias))
+    xpre, wrh = _input_side(spec.entry, model, x)
     hs, reads, c, final = sequence(
         spec, cfg, xpre, wrh, model.head_params.weight.contiguous(),
         model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
