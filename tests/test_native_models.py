@@ -533,3 +533,41 @@ def test_second_derivatives_equal_the_eager_engines(spec, options, start):
     assert penalty.keys() == penalty_e.keys() and penalty
     for name in penalty_e:
         torch.testing.assert_close(penalty[name], penalty_e[name], **TOL, msg=name)
+
+
+@pytest.mark.parametrize("spec", [case(spec) for spec in SPECS])
+def test_a_second_derivative_runs_the_models_own_step(spec, monkeypatch):
+    """What a native backward under create_graph=True differentiates is the model's own
+    ``_advance`` (under `torch.func.functional_call`, on the parameters the forward used), one
+    call a step: no engine keeps a copy of the step. A first-order backward calls it not at
+    all; a change to the model's step reaches the second derivative."""
+    model = spec.build(33)
+    model.engine = "native"
+    x0 = rand(5, 2, IN, seed=34)
+    calls = []
+    own = type(model)._advance
+
+    def counted(self, *args, **kwargs):
+        calls.append(torch.is_grad_enabled())
+        return own(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(model), "_advance", counted)
+    x = x0.clone().requires_grad_()
+    model(x)[0].square().sum().backward()
+    assert calls == []  # the forward and a first-order backward: the library alone
+    (grad,) = torch.autograd.grad(model(x)[0].square().sum(), x, create_graph=True)
+    assert calls == [True] * 5
+    (double,) = torch.autograd.grad(grad.sum(), x)
+    # Every parameter's gradient comes back through it, equal to the library's first-order one.
+    params = [p for p in model.parameters() if p.requires_grad]
+    first = torch.autograd.grad(model(x)[0].square().sum(), params)
+    recorded = torch.autograd.grad(model(x)[0].square().sum(), params, create_graph=True)
+    assert all(g.grad_fn is not None for g in recorded)
+    for got, expected in zip(recorded, first):
+        torch.testing.assert_close(got, expected, **TOL)
+    # A model whose step is other (its output scaled) gives another second derivative.
+    monkeypatch.setattr(type(model), "_advance", lambda self, *a, **k: (
+        lambda h, *rest: (2 * h, *rest))(*own(self, *a, **k)))
+    (grad,) = torch.autograd.grad(model(x)[0].square().sum(), x, create_graph=True)
+    (other,) = torch.autograd.grad(grad.sum(), x)
+    assert not torch.allclose(double, other)

@@ -137,12 +137,22 @@ class MemoryModule(nn.Module):
         """The shape of each tensor of the model's state but the controller's, by field."""
         raise NotImplementedError
 
-    def _step(self, x: Tensor, state, record: bool = False):
-        """One time step, the model's specification: ``x [B, input_size]`` -> ``(logits
-        [B, output_size], state)`` (and what it records, with ``record``)."""
+    def _advance(self, x: Tensor, state, record: bool = False):
+        """One time step up to the output layer, the model's specification: ``x [B,
+        input_size]`` -> ``(h [B, controller_size], state)``, the controller's output and the
+        state after the step (and what it records, with ``record``). The native engines'
+        second derivatives run it (`torch_ntm.engines.common.own_sequence`)."""
         raise NotImplementedError
 
     # --- what the base does ---------------------------------------------------------------------
+
+    def _step(self, x: Tensor, state, record: bool = False):
+        """One time step: ``x [B, input_size]`` -> ``(logits [B, output_size], state)`` (and
+        what it records, with ``record``), the output layer reading the controller's output and
+        the step's reads (`_advance`)."""
+        h, new, *recorded = self._advance(x, state, record)
+        logits = self.output(torch.cat([h, new.reads.reshape(h.shape[0], -1)], -1))
+        return (logits, new, *recorded)
 
     def reset_parameters(self) -> None:
         """Re-initialise every parameter (called last in ``__init__``)."""

@@ -146,11 +146,12 @@ class _DNCBase(MemoryModule):
                 link=dncf.sparse_link_dense(state.link, state.memory.shape[-2]))
         return state
 
-    def _step(self, x: Tensor, state: DNCState, record: bool = False):
-        """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
-        plus the step's `torch_ntm.layout.DNCAccess` when ``record``. The state's link comes
-        back in the form it came in (with ``sparse_link``, dense matrices or the sequence
-        loop's `torch_ntm.dnc_functional.SparseLink`, `_loop_state`)."""
+    def _advance(self, x: Tensor, state: DNCState, record: bool = False):
+        """One time step up to the output layer. x: ``[B, input_size]``. Returns ``(h [B,
+        controller_size], state)``, plus the step's `torch_ntm.layout.DNCAccess` when
+        ``record``. The state's link comes back in the form it came in (with ``sparse_link``,
+        dense matrices or the sequence loop's `torch_ntm.dnc_functional.SparseLink`,
+        `_loop_state`)."""
         b = x.shape[0]
         dense_link = isinstance(state.link, Tensor)
         state = self._loop_state(state)
@@ -159,11 +160,10 @@ class _DNCBase(MemoryModule):
         access = self.head_layout.access_step(
             self.head_params(h), state.memory, state.usage, state.link, state.precedence,
             state.read_weights, state.write_weights)
-        logits = self.output(torch.cat([h, access.reads.reshape(b, -1)], -1))
         new = DNCState(ctrl, *access[:7])
         if dense_link:
             new = self._public_state(new)
-        return (logits, new, access) if record else (logits, new)
+        return (h, new, access) if record else (h, new)
 
 
 class DNCCell(Cell, _DNCBase):

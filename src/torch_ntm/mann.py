@@ -218,20 +218,16 @@ class _MANNBase(MemoryModule):
         return {"memory": (b, n, m), "usage": (b, n), "read_weights": (b, h, n),
                 "least_used": (b, n), "reads": (b, h, m)}
 
-    def _step(self, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
-        """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``."""
+    def _advance(self, x: Tensor, state: MANNState,
+                 record: bool = False) -> tuple[Tensor, MANNState]:
+        """One time step up to the output layer. x: ``[B, input_size]``. Returns ``(h [B,
+        controller_size], state)`` (a MANN records nothing: ``record`` is ignored)."""
         b = x.shape[0]
         x = self.encode(x)
         h, ctrl = self.controller(torch.cat([x, state.reads.reshape(b, -1)], -1), state.controller)
-        return self._memory_step(h, ctrl, state)
-
-    def _memory_step(self, h: Tensor, ctrl: tuple, state: MANNState) -> tuple[Tensor, MANNState]:
-        """The step after the controller: heads, addressing, write, read and output."""
-        b = h.shape[0]
         memory, usage, w_read, least_used, reads = self.head_layout.heads_step(
             self.head_params(h), state.memory, state.usage, state.read_weights, state.least_used)
-        logits = self.output(torch.cat([h, reads.reshape(b, -1)], -1))
-        return logits, MANNState(ctrl, memory, usage, w_read, least_used, reads)
+        return h, MANNState(ctrl, memory, usage, w_read, least_used, reads)
 
 
 class MANNCell(Cell, _MANNBase):

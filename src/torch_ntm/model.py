@@ -171,21 +171,18 @@ class _NTMBase(MemoryModule):
         return {"memory": (b, n, m), "read_weights": (b, self.read_heads, n),
                 "write_weights": (b, self.write_heads, n), "reads": (b, self.read_heads, m)}
 
-    def _step(self, x: Tensor, state: NTMState, record: bool = False):
-        """One time step. x: ``[B, input_size]``. Returns ``(logits [B, output_size], state)``,
-        plus the activated `HeadParameters` ``(write, read)`` when ``record`` (write is None
-        without write heads)."""
+    def _advance(self, x: Tensor, state: NTMState, record: bool = False):
+        """One time step up to the output layer. x: ``[B, input_size]``. Returns ``(h [B,
+        controller_size], state)``, plus the activated `HeadParameters` ``(write, read)`` when
+        ``record`` (write is None without write heads)."""
         b = x.shape[0]
         ctrl_in = torch.cat([x, state.reads.reshape(b, -1)], dim=-1)
         h, ctrl = self.controller(ctrl_in, state.controller)
         raw = self.head_params(h)  # (B, P): every head's parameters at once
         memory, w_read, w_write, reads, (wp, rp) = self.head_layout.heads_step(
             raw, state.memory, state.read_weights, state.write_weights, *self.options.caps)
-        logits = self.output(torch.cat([h, reads.reshape(b, -1)], dim=-1))
         new_state = NTMState(ctrl, memory, w_read, w_write, reads)
-        if record:
-            return logits, new_state, (wp, rp)
-        return logits, new_state
+        return (h, new_state, (wp, rp)) if record else (h, new_state)
 
 
 class NTMCell(Cell, _NTMBase):

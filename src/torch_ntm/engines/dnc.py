@@ -27,8 +27,8 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from torch_ntm.engines.calls import DNCCall
-from torch_ntm.engines.lstm_memory import Spec, eager, run
-from torch_ntm.layout import DNC_FIELDS, DNCLayout
+from torch_ntm.engines.lstm_memory import Spec, run
+from torch_ntm.layout import DNC_FIELDS
 from torch_ntm.states import DNCState
 
 __all__ = ["DNCCall", "forward"]
@@ -47,23 +47,10 @@ class _Config(NamedTuple):
     rows: int
     fields: int
     starts: tuple  # where each of `_FIELDS` starts
-    layout: DNCLayout  # the model's interface, for `step`
 
     def call(self, steps: int, batch: int, keep: bool) -> DNCCall:
         return DNCCall(steps, batch, self.controller, self.read_heads, self.width, self.rows,
                        self.fields, *self.starts, int(keep))
-
-    def eager(self, *inputs: Tensor) -> list:
-        """The sequence in plain ops (`lstm_memory.eager`)."""
-        return eager(self.step, *inputs)
-
-    def step(self, raw: Tensor, memory, usage, link, precedence, w_read, w_write) -> tuple:
-        """The memory access of the specification (`DNCLayout.access_step`) for one write head
-        whose link, precedence and write weighting come without their head axis."""
-        memory, usage, link, precedence, w_read, w_write, reads = self.layout.access_step(
-            raw, memory, usage, link.unsqueeze(1), precedence.unsqueeze(1), w_read,
-            w_write.unsqueeze(1))[:7]
-        return memory, usage, link[:, 0], precedence[:, 0], w_read, w_write[:, 0], reads
 
 
 def _config(model: nn.Module) -> _Config:
@@ -73,11 +60,13 @@ def _config(model: nn.Module) -> _Config:
         starts.append(start)
         start += heads * width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
-                   model.memory_size, start, tuple(starts), layout)
+                   model.memory_size, start, tuple(starts))
 
 
 # One write head's link, precedence and write weighting, without their head axis.
-_SPEC = Spec("dnc", ("mem", "usage", "link", "prec", "wr", "ww"))
+_SPEC = Spec("dnc", ("mem", "usage", "link", "prec", "wr", "ww"), lambda state: (
+    state.memory, state.usage, state.link[:, 0], state.precedence[:, 0], state.read_weights,
+    state.write_weights[:, 0]))
 
 
 def forward(model: nn.Module, x: Tensor, state: DNCState) -> tuple[Tensor, DNCState]:
@@ -86,8 +75,6 @@ def forward(model: nn.Module, x: Tensor, state: DNCState) -> tuple[Tensor, DNCSt
     ``x`` ``[T, B, input_size]`` and ``state`` a `torch_ntm.DNCState`, both checked by
     `DNC.forward`."""
     logits, controller, (memory, usage, link, precedence, w_read, w_write), reads = run(
-        _SPEC, _config(model), model, x, state,
-        (state.memory, state.usage, state.link[:, 0], state.precedence[:, 0],
-         state.read_weights, state.write_weights[:, 0]))
+        _SPEC, _config(model), model, x, state)
     return logits, type(state)(controller, memory, usage, link.unsqueeze(1),  # a DNCState
                                precedence.unsqueeze(1), w_read, w_write.unsqueeze(1), reads)

@@ -290,18 +290,6 @@ class _Replay(torch.autograd.Function):
         return (None, None, *result)
 
 
-class _Sequence(torch.nn.Module):
-    """A function of the model (``run(*args)``) as a module holding it, so that
-    `torch.func.functional_call` can run it with other tensors for the model's parameters."""
-
-    def __init__(self, model: torch.nn.Module, run) -> None:
-        super().__init__()
-        self.model, self.run = model, run
-
-    def forward(self, *args: Tensor) -> list[Tensor]:
-        return self.run(*args)
-
-
 # Each model's graphs by key (beside the model, not in it: a deep copy of the model, such as
 # weight averaging makes, copies no graph).
 _GRAPHS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -348,8 +336,8 @@ def forward(model: torch.nn.Module, x: Tensor, state, step):
         parameters; the state's leaves may depend on them too, outside)."""
         flat, weights = rest[: len(leaves)], rest[len(leaves):]
         return torch.func.functional_call(
-            _Sequence(model, run), {f"model.{name}": w for (name, _), w in zip(named, weights)},
-            (xs, mask, *flat))
+            common.ModelFunction(model, run),
+            {f"model.{name}": w for (name, _), w in zip(named, weights)}, (xs, mask, *flat))
 
     key = (size, B, x.dtype, x.device, grad, model.training, str(spec),
            tuple(t.requires_grad for t in leaves), tuple(p.data_ptr() for p in params))

@@ -9,8 +9,9 @@ cannot tie-break differently), the output layer, and, after the backward call, t
 gradients of the recurrent and head layers. The steps between are one C++ call each way,
 whose buffers the model's `Description` lists (`torch_ntm.engines.calls.Buffer`): allocated and
 passed by `torch_ntm.engines.library`, read by the C++ it generates. A model's engine module
-gives its `Spec` (which buffers carry its state) and its ``_Config`` (the call's static sizes
-and the eager sequence a second derivative differentiates).
+gives its `Spec` (which buffers carry its state, and how its state maps onto them) and its
+``_Config`` (the call's static sizes). A second derivative differentiates the model's own steps
+(`torch_ntm.engines.common.OwnSteps`).
 """
 
 from __future__ import annotations
@@ -21,9 +22,9 @@ import torch
 from torch import Tensor
 
 from torch_ntm.engines import library
-from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order, lstm_ifog
+from torch_ntm.engines.common import OwnSteps, carried, first_order_only, lstm_gate_order
 
-__all__ = ["Spec", "eager", "run", "sequence"]
+__all__ = ["Spec", "run", "sequence"]
 
 
 class Spec(NamedTuple):
@@ -33,6 +34,9 @@ class Spec(NamedTuple):
     # The buffers of the state the steps carry, in the order the sequence takes and returns
     # them (between the LSTM's cell and the reads); each one's gradient is "d" + its name.
     state: tuple[str, ...]
+    # The model's state (its own `State`) -> its tensors of those buffers, in their order and
+    # the buffers' layout (the steps' state and the final one).
+    kernel: Callable
     # Those of them with no gradient (a step function of the others): not differentiable as
     # outputs; the kernel writes their initial value's gradient into a fresh buffer.
     fixed: frozenset = frozenset()
@@ -62,17 +66,19 @@ class _Sequence(torch.autograd.Function):
     (gates i, f, o, g, biases included), the recurrent weights ``wrh [4C, R W + C]`` of ``[reads,
     h]``, the head layer (``wp``, ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`)
     and the reads ``[B, R, W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the
-    last step."""
+    last step. Its last inputs are ``own.inputs``, the model's own, for a second derivative
+    (`OwnSteps`)."""
 
     @staticmethod
-    def forward(ctx, spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, *rest):
+    def forward(ctx, spec: Spec, cfg, own: OwnSteps, xpre, wrh, wp, bp, h0, c0, *rest):
+        rest = rest[: len(rest) - len(own.inputs)]
         state, reads = rest[:-1], rest[-1]
         buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=True)
         ctx.spec, ctx.cfg = spec, cfg
         ctx.set_materialize_grads(False)
         ctx.save_for_backward(wrh, wp, *library.flat(buf))
-        # For a second derivative (`first_order_only`): the same sequence in plain ops.
-        ctx.inputs, ctx.leading, ctx.recompute = (xpre, wrh, wp, bp, h0, c0, *rest), 2, cfg.eager
+        # For a second derivative (`first_order_only`): the model's own steps.
+        ctx.recompute, ctx.inputs, ctx.leading = own, own.inputs, 9 + len(rest)
         final = [getattr(buf, name)[-1].clone() for name in spec.state]
         ctx.mark_non_differentiable(*(t for name, t in zip(spec.state, final)
                                       if name in spec.fixed))
@@ -103,18 +109,20 @@ class _Sequence(torch.autograd.Function):
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
-        return (None, None, dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
+        return (None, None, None, dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
                 *(grads["d" + name] for name in spec.state), grads["dreads0"])
 
 
-def sequence(spec: Spec, cfg, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor, h0: Tensor,
-             c0: Tensor, state: tuple, reads: Tensor) -> tuple:
+def sequence(spec: Spec, cfg, own: Callable, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
+             h0: Tensor, c0: Tensor, state: tuple, reads: Tensor) -> tuple:
     """The steps (`_Sequence`'s function; every input contiguous, the state in the buffers'
     layout): ``(hs, reads, c, final state)``, differentiable where gradients are enabled and an
-    input requires them; else a forward that keeps two slots of state instead of every step's."""
+    input requires them (``own()``: the `OwnSteps` a second derivative runs); else a forward
+    that keeps two slots of state instead of every step's."""
     inputs = (xpre, wrh, wp, bp, h0, c0, *state, reads)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        hs, all_reads, c, *final = _Sequence.apply(spec, cfg, *inputs)
+        own = own()
+        hs, all_reads, c, *final = _Sequence.apply(spec, cfg, own, *inputs, *own.inputs)
         return hs, all_reads, c, final
     buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=False)
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
@@ -168,42 +176,33 @@ class _LinearRows(torch.autograd.Function):
         return None, dx, dweight, dbias
 
 
-def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state, memory: tuple) -> tuple:
+def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state,
+        read: Tensor | None = None) -> tuple:
     """A model's sequence by the driver: the steps (`sequence`) from its LSTM controller's input
     side, its head layer and ``state``'s controller and reads, then its output layer.
 
     Args:
         spec, cfg: the model's engine's `Spec` and call sizes.
-        model: the MANN or DNC (only its public attributes are read).
-        x: ``[T, B, features]``, what the controller reads (time-major, checked).
-        state: the model's state to start from (checked): its ``controller`` and ``reads``.
-        memory: the rest of ``state``, in the order of ``spec.state`` and the buffers' layout.
+        model: the MANN or DNC.
+        x: ``[T, B, input_size]``, the model's input (time-major, checked).
+        state: the model's state to start from (checked).
+        read: what the controller reads of ``x`` where not ``x`` itself (a MANN's `encode`).
 
     Returns:
-        ``(logits [T, B, output_size], the final (h, c), the final memory state as ``memory``,
-        the final reads)``, differentiable where gradients are enabled (`sequence`).
+        ``(logits [T, B, output_size], the final (h, c), the final memory state as
+        ``spec.kernel`` gives it, the final reads)``, differentiable where gradients are enabled
+        (`sequence`).
     """
     library.keep_freed_memory_once()
-    xpre, wrh = _input_side(spec.entry, model, x)
+    xpre, wrh = _input_side(spec.entry, model, x if read is None else read)
+
+    def outputs(hs: Tensor, reads: Tensor, final) -> list:  # `_Sequence`'s, of its own steps
+        return [hs, reads, final.controller[1][0], *spec.kernel(final)]
+
     hs, reads, c, final = sequence(
-        spec, cfg, xpre, wrh, model.head_params.weight.contiguous(),
-        model.head_params.bias.contiguous(), state.controller[0][0].contiguous(),
-        state.controller[1][0].contiguous(), tuple(t.contiguous() for t in memory),
-        state.reads.contiguous())
+        spec, cfg, lambda: OwnSteps(model, x, state, outputs), xpre, wrh,
+        model.head_params.weight.contiguous(), model.head_params.bias.contiguous(),
+        state.controller[0][0].contiguous(), state.controller[1][0].contiguous(),
+        tuple(t.contiguous() for t in spec.kernel(state)), state.reads.contiguous())
     logits = model.output(torch.cat([hs, reads.flatten(2)], -1))
     return logits, (hs[-1].unsqueeze(0), c.unsqueeze(0)), final, reads[-1]
-
-
-def eager(step: Callable, xpre, wrh, wp, bp, h, cell, *rest) -> list:
-    """`sequence`'s function in plain ops on its inputs (``rest``: the state, then the reads):
-    the LSTM from the permuted weights, then ``step(head layer's output, *state) -> (*state,
-    reads)``, the model's memory step in the specification's ops. What a second derivative
-    differentiates (`torch_ntm.engines.first_order_only`)."""
-    state, reads = list(rest[:-1]), rest[-1]
-    hs, all_reads = [], []
-    for t in range(xpre.shape[0]):
-        h, cell = lstm_ifog(xpre[t] + torch.cat([reads.flatten(1), h], 1) @ wrh.t(), cell)
-        *state, reads = step(torch.addmm(bp, h, wp.t()), *state)
-        hs.append(h)
-        all_reads.append(reads)
-    return [torch.stack(hs), torch.stack(all_reads), cell, *state]

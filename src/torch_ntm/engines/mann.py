@@ -24,8 +24,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from torch_ntm.engines.calls import MANNCall
-from torch_ntm.engines.lstm_memory import Spec, eager, run
-from torch_ntm.layout import LRUALayout
+from torch_ntm.engines.lstm_memory import Spec, run
 from torch_ntm.states import MANNState
 
 __all__ = ["MANNCall", "forward"]
@@ -43,21 +42,10 @@ class _Config(NamedTuple):
     add: int
     beta: int
     decay: float
-    layout: LRUALayout  # the model's heads, for `step`
 
     def call(self, steps: int, batch: int, keep: bool) -> MANNCall:
         return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
                         self.fields, self.alpha, self.add, self.beta, int(keep), self.decay)
-
-    def eager(self, *inputs: Tensor) -> list:
-        """The sequence in plain ops (`lstm_memory.eager`), memory in the kernels' layout."""
-        return eager(self.step, *inputs)
-
-    def step(self, raw: Tensor, memory: Tensor, *rest: Tensor) -> tuple:
-        """The heads' step of the specification (`LRUALayout.heads_step`) on memory ``[B, M,
-        N]`` (transposed, as the kernels keep it)."""
-        memory, *rest = self.layout.heads_step(raw, memory.transpose(1, 2), *rest)
-        return (memory.transpose(1, 2), *rest)
 
 
 def _config(model: nn.Module) -> _Config:
@@ -68,7 +56,7 @@ def _config(model: nn.Module) -> _Config:
         start += width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
                    model.memory_size, start, offsets["alpha"], offsets.get("add", -1),
-                   offsets.get("beta", -1), model.usage_decay, model.head_layout)
+                   offsets.get("beta", -1), model.usage_decay)
 
 
 def _work(buf, keep: bool) -> dict:
@@ -81,7 +69,9 @@ def _work(buf, keep: bool) -> dict:
 
 
 # The least-used rows are a step function of the usage: no gradient flows from them.
-_SPEC = Spec("mann", ("mem", "usage", "wr", "lu"), frozenset({"lu"}), _work)
+_SPEC = Spec("mann", ("mem", "usage", "wr", "lu"), lambda state: (
+    state.memory.transpose(1, 2), state.usage, state.read_weights, state.least_used),
+    frozenset({"lu"}), _work)
 
 
 def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANNState]:
@@ -89,7 +79,6 @@ def forward(model: nn.Module, x: Tensor, state: MANNState) -> tuple[Tensor, MANN
     ``(logits [T, B, output_size], final state)``, for a `torch_ntm.MANN`, ``x`` ``[T, B,
     input_size]`` and ``state`` a `torch_ntm.MANNState`, both checked by `MANN.forward`."""
     logits, controller, (memory, usage, w_read, least_used), reads = run(
-        _SPEC, _config(model), model, model.encode(x), state,
-        (state.memory.transpose(1, 2), state.usage, state.read_weights, state.least_used))
+        _SPEC, _config(model), model, x, state, read=model.encode(x))
     return logits, type(state)(controller, memory.transpose(1, 2).contiguous(),  # a MANNState
                                usage, w_read, least_used, reads)

@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch_ntm.engines import library
 from torch_ntm.engines.calls import NTM_BLOCKS as _BLOCKS
 from torch_ntm.engines.calls import NTMCall
-from torch_ntm.engines.common import carried, first_order_only, lstm_gate_order, lstm_ifog
+from torch_ntm.engines.common import OwnSteps, carried, first_order_only, lstm_gate_order
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout
 from torch_ntm.states import NTMState
 
@@ -86,7 +86,6 @@ class _Config(NamedTuple):
     width: int  # M
     shifts: int  # S = 2R + 1
     blocks: _Blocks  # where the kernels find each head's fields (`head_blocks`)
-    layout: HeadLayout  # the model's, for `_eager_sequence`
     beta_cap: float  # soft caps of beta and of gamma - 1 (`layout.soft_cap`; 0: none)
     gamma_cap: float
 
@@ -145,7 +144,7 @@ def _plan(model: nn.Module, device: torch.device) -> _Plan:
         cfg = _Config(lstm=opt.controller == "lstm", layers=opt.controller_layers, hidden=c,
                       read_heads=opt.read_heads, write_heads=opt.write_heads,
                       width=opt.memory_width, shifts=2 * opt.shift_range + 1, blocks=blocks,
-                      layout=model.head_layout, beta_cap=beta_cap, gamma_cap=gamma_cap)
+                      beta_cap=beta_cap, gamma_cap=gamma_cap)
         plan = _Plan(cfg, _Rows.of(blocks.perm.to(device)), _Rows.of(gate_perm.to(device)))
         _PLANS[key] = plan
     return plan
@@ -214,24 +213,24 @@ class _NativeSequence(torch.autograd.Function):
 
     Inputs (flat, for autograd): ``xpre [T, B, G]``, ``wp``, ``bp``, the initial state ``memory
     [B, M, N]`` (transposed), ``w_read, w_write, reads``, then ``L`` weights, ``L - 1`` biases
-    and, for an LSTM, ``L`` initial h and ``L`` initial c. Outputs: ``hs [T, B, C]``, ``reads
-    [T, B, Hr, M]``, the final ``memory, w_read, w_write`` and, for an LSTM, final ``h, c
-    [L, B, C]``.
+    and, for an LSTM, ``L`` initial h and ``L`` initial c; last, ``own.inputs``, the model's
+    own, for a second derivative (`OwnSteps`). Outputs: ``hs [T, B, C]``, ``reads [T, B, Hr,
+    M]``, the final ``memory, w_read, w_write`` and, for an LSTM, final ``h, c [L, B, C]``.
     """
 
     @staticmethod
-    def forward(ctx, cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write,
-                reads, *rest):
+    def forward(ctx, cfg: _Config, tiny: float, own: OwnSteps, xpre, wp, bp, memory, w_read,
+                w_write, reads, *rest):
         n = cfg.layers
+        rest = rest[: len(rest) - len(own.inputs)]
         weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
         h0, c0 = _initial_controller(cfg, rest[2 * n - 1 :], memory)
         call, buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read,
                                  w_write, reads, h0, c0, keep=True)
         ctx.set_materialize_grads(False)
         ctx.cfg, ctx.call = cfg, call
-        # For a second derivative (`first_order_only`): the same sequence in plain ops.
-        ctx.inputs, ctx.leading = (xpre, wp, bp, memory, w_read, w_write, reads, *rest), 2
-        ctx.recompute = functools.partial(_eager_sequence, cfg)
+        # For a second derivative (`first_order_only`): the model's own steps.
+        ctx.recompute, ctx.inputs, ctx.leading = own, own.inputs, 10 + len(rest)
         ctx.save_for_backward(wp, *weights, *library.flat(buf))
         out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
         if cfg.lstm:
@@ -262,39 +261,9 @@ class _NativeSequence(torch.autograd.Function):
         dweights = [d.flatten(0, 1).t() @ z.flatten(0, 1) for d, z in zip(dpres, buf.z)]
         dbiases = [d.sum((0, 1)) for d in dpres[1:]]
         controller = (*dh0.unbind(0), *dc0.unbind(0)) if cfg.lstm else ()
-        return (None, None, dpres[0], dwp, draw.sum((0, 1)), grads["dmem"], grads["dwr"],
+        return (None, None, None, dpres[0], dwp, draw.sum((0, 1)), grads["dmem"], grads["dwr"],
                 grads["dww"], grads["dreads0"],
                 *dweights, *dbiases, *controller)
-
-
-def _eager_sequence(cfg: _Config, xpre, wp, bp, memory, w_read, w_write, reads, *rest) -> list:
-    """`_NativeSequence`'s function in plain ops on its own inputs (the kernels' layout): the
-    controller from the permuted weights, then the heads' step of the model's specification
-    (`HeadLayout.heads_step`) on the head layer's output put back in the model's order. What a
-    second derivative differentiates (`torch_ntm.engines.first_order_only`)."""
-    n = cfg.layers
-    weights, biases = rest[:n], rest[n : 2 * n - 1]
-    h, cells = list(rest[2 * n - 1 : 3 * n - 1]), list(rest[3 * n - 1 :])
-    inverse = torch.argsort(cfg.blocks.perm).to(xpre.device)
-    memory = memory.transpose(1, 2)  # [B, N, M]
-    hs, all_reads = [], []
-    for t in range(xpre.shape[0]):
-        x = reads.flatten(1)
-        for layer in range(n):
-            pre = xpre[t] if layer == 0 else biases[layer - 1]
-            if cfg.lstm:  # gates (i, f, o, g)
-                gates = pre + torch.cat([x, h[layer]], 1) @ weights[layer].t()
-                h[layer], cells[layer] = lstm_ifog(gates, cells[layer])
-                x = h[layer]
-            else:
-                x = torch.tanh(pre + x @ weights[layer].t())
-        raw = torch.addmm(bp, x, wp.t())[:, inverse]
-        memory, w_read, w_write, reads, _ = cfg.layout.heads_step(
-            raw, memory, w_read, w_write, cfg.beta_cap, cfg.gamma_cap)
-        hs.append(x)
-        all_reads.append(reads)
-    out = [torch.stack(hs), torch.stack(all_reads), memory.transpose(1, 2), w_read, w_write]
-    return out + ([torch.stack(h), torch.stack(cells)] if cfg.lstm else [])
 
 
 def _initial_controller(cfg: _Config, hc: tuple, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -324,19 +293,35 @@ def _chunks(batch: int, memory_bytes: int) -> list[slice]:
     return [slice(b, min(b + size, batch)) for b in range(0, batch, size)]
 
 
-def _sequence(cfg: _Config, tiny: float, xpre, wp, bp, memory, w_read, w_write, reads,
+def _sequence(cfg: _Config, tiny: float, own, xpre, wp, bp, memory, w_read, w_write, reads,
               weights, biases, h0, c0) -> tuple:
     """One library call over a batch: ``(hs, reads, memory, w_read, w_write, *controller)``,
-    differentiable where gradients are enabled and some input requires them."""
+    differentiable where gradients are enabled and some input requires them (``own()``: the
+    `OwnSteps` a second derivative runs)."""
     inputs = (xpre, wp, bp, memory, w_read, w_write, reads, *weights, *biases, *h0, *c0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        return _NativeSequence.apply(cfg, tiny, *inputs)
+        own = own()
+        return _NativeSequence.apply(cfg, tiny, own, *inputs, *own.inputs)
     h, c = _initial_controller(cfg, (*h0, *c0), memory)
     _, buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write,
                           reads, h, c, keep=False)
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
     controller = (buf.h[last], buf.cell[last]) if cfg.lstm else ()
     return (buf.hs, buf.reads, buf.mem[last], buf.wr[last], buf.ww[last], *controller)
+
+
+def _batch_part(state: NTMState, part: slice) -> NTMState:
+    """``state`` for the batch's elements ``part``."""
+    if part == slice(0, state.memory.shape[0]):
+        return state
+    return NTMState(tuple(t[:, part] for t in state.controller), state.memory[part],
+                    state.read_weights[part], state.write_weights[part], state.reads[part])
+
+
+def _outputs(hs: Tensor, reads: Tensor, final: NTMState) -> list:
+    """`_NativeSequence`'s outputs from the model's own steps (`OwnSteps`)."""
+    return [hs, reads, final.memory.transpose(1, 2), final.read_weights, final.write_weights,
+            *final.controller]
 
 
 def forward(model: nn.Module, x: Tensor, state: NTMState) -> tuple[Tensor, NTMState]:
@@ -353,11 +338,14 @@ def forward(model: nn.Module, x: Tensor, state: NTMState) -> tuple[Tensor, NTMSt
     tiny = torch.finfo(x.dtype).tiny
     memory = state.memory.transpose(1, 2)  # [B, M, N]: a row's M entries strided by N
     pieces = []
-    for part in _chunks(x.shape[1], memory[0].numel() * memory.element_size()):
+    parts = _chunks(x.shape[1], memory[0].numel() * memory.element_size())
+    for part in parts:
         h0 = list(state.controller[0][:, part].unbind(0)) if cfg.lstm else []
         c0 = list(state.controller[1][:, part].unbind(0)) if cfg.lstm else []
+        own = functools.partial(OwnSteps, model, x[:, part] if len(parts) > 1 else x,
+                                _batch_part(state, part), _outputs)
         pieces.append(_sequence(
-            cfg, tiny, xpre[:, part].contiguous(), wp, bp, memory[part],
+            cfg, tiny, own, xpre[:, part].contiguous(), wp, bp, memory[part],
             state.read_weights[part], state.write_weights[part],
             state.reads[part].contiguous(), weights, biases, h0, c0))
     if len(pieces) == 1:
