@@ -126,7 +126,7 @@ class Stabilisation:
     curriculum_bit_errors: float = 0.5
     # Several starts (random restarts): train `starts` models, from seeds seed + 1,000,000 k
     # (mod 2**64; k = 0 .. starts - 1: the first from seed itself), start_sequences sequences each,
-    # in RUN/starts/K, then go on with the one whose kept validation is best (as a run ranks its
+    # in RUN/starts/K, then go on with the one whose last validation is best (as a run ranks its
     # own) to max_sequences. For a task whose runs leave a plateau at a time that is a draw
     # (n-grams: docs/results/ngrams.md); the other starts' sequences come on top of
     # max_sequences. 1: one start.
