@@ -21,8 +21,8 @@ from typing import Callable, NamedTuple
 import torch
 from torch import Tensor
 
-from torch_ntm.engines import library
-from torch_ntm.engines.common import OwnSteps, carried, first_order_only, lstm_gate_order
+from torch_ntm.engines import driver, library
+from torch_ntm.engines.common import OwnSteps, carried, lstm_gate_order
 
 __all__ = ["Spec", "run", "sequence"]
 
@@ -46,7 +46,8 @@ class Spec(NamedTuple):
 
 
 def _run_forward(spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep: bool):
-    """All steps from the initial state (in the buffers' layout): the buffers, filled."""
+    """All steps from the initial state (in the buffers' layout): the call and its buffers,
+    filled."""
     steps, batch = xpre.shape[:2]
     call = cfg.call(steps, batch, keep)
     buf = library.allocate(call, xpre)
@@ -58,41 +59,32 @@ def _run_forward(spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep:
     library.call(f"torch_ntm_{spec.entry}_forward", xpre.dtype, call, library.arguments(
         call, "forward", dict(xpre=xpre, wrh=wrh, wp=wp, bp=bp, h0=h0, reads0=reads, **extra),
         buf))
-    return buf
+    return call, buf
 
 
-class _Sequence(torch.autograd.Function):
-    """The steps after the LSTM's input side, before the output layer: from ``xpre [T, B, 4C]``
-    (gates i, f, o, g, biases included), the recurrent weights ``wrh [4C, R W + C]`` of ``[reads,
-    h]``, the head layer (``wp``, ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`)
-    and the reads ``[B, R, W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the
-    last step. Its last inputs are ``own.inputs``, the model's own, for a second derivative
-    (`OwnSteps`)."""
+class _Driver(NamedTuple):
+    """The steps after the LSTM's input side, before the output layer, for
+    `torch_ntm.engines.driver.Sequence`: from ``xpre [T, B, 4C]`` (gates i, f, o, g, biases
+    included), the recurrent weights ``wrh [4C, R W + C]`` of ``[reads, h]``, the head layer
+    (``wp``, ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`) and the reads
+    ``[B, R, W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the last step."""
 
-    @staticmethod
-    def forward(ctx, spec: Spec, cfg, own: OwnSteps, xpre, wrh, wp, bp, h0, c0, *rest):
-        rest = rest[: len(rest) - len(own.inputs)]
-        state, reads = rest[:-1], rest[-1]
-        buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=True)
-        ctx.spec, ctx.cfg = spec, cfg
-        ctx.set_materialize_grads(False)
-        ctx.save_for_backward(wrh, wp, *library.flat(buf))
-        # For a second derivative (`first_order_only`): the model's own steps.
-        ctx.recompute, ctx.inputs, ctx.leading = own, own.inputs, 9 + len(rest)
+    spec: Spec
+    cfg: object  # the engine's call sizes
+
+    def forward(self, xpre, wrh, wp, bp, h0, c0, *rest):
+        spec = self.spec
+        call, buf = _run_forward(spec, self.cfg, xpre, wrh, wp, bp, h0, c0, rest[:-1], rest[-1],
+                                 keep=True)
         final = [getattr(buf, name)[-1].clone() for name in spec.state]
-        ctx.mark_non_differentiable(*(t for name, t in zip(spec.state, final)
-                                      if name in spec.fixed))
+        fixed = [t for name, t in zip(spec.state, final) if name in spec.fixed]
         # hs and reads are returned as they are (saved, not views); the rest are copies
-        return (buf.hs, buf.reads, buf.cell[-1].clone(), *final)
+        return call, buf, (wrh, wp), (buf.hs, buf.reads, buf.cell[-1].clone(), *final), fixed
 
-    @staticmethod
-    @first_order_only
-    def backward(ctx, dhs, dreads, dc, *dstate):
-        spec, cfg = ctx.spec, ctx.cfg
-        wrh, wp, *saved = ctx.saved_tensors
-        steps, batch = saved[0].shape[0] - 1, saved[0].shape[1]  # cell, first (calls._lstm_buffers)
-        call = cfg.call(steps, batch, True)
-        buf = library.unflat(call, saved)
+    def backward(self, call, buf, kept, grads):
+        spec, cfg = self.spec, self.cfg
+        (wrh, wp), (dhs, dreads, dc, *dstate) = kept, grads
+        steps, batch = buf.hs.shape[:2]
         grads = dict(
             dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
             dreads=torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
@@ -109,22 +101,21 @@ class _Sequence(torch.autograd.Function):
         # Weight gradients: one matmul over all T B rows each.
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
-        return (None, None, None, dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
+        return (dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
                 *(grads["d" + name] for name in spec.state), grads["dreads0"])
 
 
 def sequence(spec: Spec, cfg, own: Callable, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
              h0: Tensor, c0: Tensor, state: tuple, reads: Tensor) -> tuple:
-    """The steps (`_Sequence`'s function; every input contiguous, the state in the buffers'
+    """The steps (`_Driver`'s function; every input contiguous, the state in the buffers'
     layout): ``(hs, reads, c, final state)``, differentiable where gradients are enabled and an
     input requires them (``own()``: the `OwnSteps` a second derivative runs); else a forward
     that keeps two slots of state instead of every step's."""
     inputs = (xpre, wrh, wp, bp, h0, c0, *state, reads)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        own = own()
-        hs, all_reads, c, *final = _Sequence.apply(spec, cfg, own, *inputs, *own.inputs)
+        hs, all_reads, c, *final = driver.differentiable(_Driver(spec, cfg), own, *inputs)
         return hs, all_reads, c, final
-    buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=False)
+    _, buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=False)
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
     return (buf.hs, buf.reads, buf.cell[last],
             [getattr(buf, name)[last] for name in spec.state])
@@ -196,7 +187,7 @@ def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state,
     library.keep_freed_memory_once()
     xpre, wrh = _input_side(spec.entry, model, x if read is None else read)
 
-    def outputs(hs: Tensor, reads: Tensor, final) -> list:  # `_Sequence`'s, of its own steps
+    def outputs(hs: Tensor, reads: Tensor, final) -> list:  # `_Driver`'s, of its own steps
         return [hs, reads, final.controller[1][0], *spec.kernel(final)]
 
     hs, reads, c, final = sequence(

@@ -29,10 +29,10 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
-from torch_ntm.engines import library
+from torch_ntm.engines import driver, library
 from torch_ntm.engines.calls import NTM_BLOCKS as _BLOCKS
 from torch_ntm.engines.calls import NTMCall
-from torch_ntm.engines.common import OwnSteps, carried, first_order_only, lstm_gate_order
+from torch_ntm.engines.common import OwnSteps, carried, lstm_gate_order
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout
 from torch_ntm.states import NTMState
 
@@ -189,7 +189,7 @@ def _call(cfg: _Config, tiny: float, steps: int, batch: int, rows: int, keep: bo
 
 def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write, reads, h0,
                  c0, keep: bool):
-    """All steps; the state tensors as `_NativeSequence.forward` takes them (memory
+    """All steps; the state tensors as `_Driver.forward` takes them (memory
     ``[B, M, N]``, ``h0, c0 [L, B, C]`` or empty): the call and its buffers (`NTMCall.buffers`),
     filled."""
     steps, batch = xpre.shape[:2]
@@ -208,46 +208,39 @@ def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_wri
     return call, buf
 
 
-class _NativeSequence(torch.autograd.Function):
-    """The recurrent part of `NTM.forward` over a whole sequence by the native library.
+class _Driver(NamedTuple):
+    """The recurrent part of `NTM.forward` over a whole sequence by the native library, for
+    `torch_ntm.engines.driver.Sequence`.
 
-    Inputs (flat, for autograd): ``xpre [T, B, G]``, ``wp``, ``bp``, the initial state ``memory
-    [B, M, N]`` (transposed), ``w_read, w_write, reads``, then ``L`` weights, ``L - 1`` biases
-    and, for an LSTM, ``L`` initial h and ``L`` initial c; last, ``own.inputs``, the model's
-    own, for a second derivative (`OwnSteps`). Outputs: ``hs [T, B, C]``, ``reads [T, B, Hr,
+    Inputs: ``xpre [T, B, G]``, ``wp``, ``bp``, the initial state ``memory [B, M, N]``
+    (transposed), ``w_read, w_write, reads``, then ``L`` weights, ``L - 1`` biases and, for an
+    LSTM, ``L`` initial h and ``L`` initial c. Outputs: ``hs [T, B, C]``, ``reads [T, B, Hr,
     M]``, the final ``memory, w_read, w_write`` and, for an LSTM, final ``h, c [L, B, C]``.
     """
 
-    @staticmethod
-    def forward(ctx, cfg: _Config, tiny: float, own: OwnSteps, xpre, wp, bp, memory, w_read,
-                w_write, reads, *rest):
-        n = cfg.layers
-        rest = rest[: len(rest) - len(own.inputs)]
+    cfg: _Config
+    tiny: float
+
+    def forward(self, xpre, wp, bp, memory, w_read, w_write, reads, *rest):
+        cfg, n = self.cfg, self.cfg.layers
         weights, biases = list(rest[:n]), list(rest[n : 2 * n - 1])
         h0, c0 = _initial_controller(cfg, rest[2 * n - 1 :], memory)
-        call, buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read,
+        call, buf = _run_forward(cfg, self.tiny, xpre, weights, biases, wp, bp, memory, w_read,
                                  w_write, reads, h0, c0, keep=True)
-        ctx.set_materialize_grads(False)
-        ctx.cfg, ctx.call = cfg, call
-        # For a second derivative (`first_order_only`): the model's own steps.
-        ctx.recompute, ctx.inputs, ctx.leading = own, own.inputs, 10 + len(rest)
-        ctx.save_for_backward(wp, *weights, *library.flat(buf))
         out = [buf.hs, buf.reads, buf.mem[-1], buf.wr[-1], buf.ww[-1]]
         if cfg.lstm:
             out += [buf.h[-1], buf.cell[-1]]
-        return tuple(t.clone() for t in out)  # no output is a view of what backward keeps
+        # no output is a view of what backward keeps
+        return call, buf, (wp, *weights), tuple(t.clone() for t in out), ()
 
-    @staticmethod
-    @first_order_only
-    def backward(ctx, dhs_out, dreads_out, dmem, dwr, dww, dh_last=None, dc_last=None):
-        cfg, n = ctx.cfg, ctx.cfg.layers
-        wp, *rest = ctx.saved_tensors
-        call = ctx.call
-        weights, buf = rest[:n], library.unflat(call, rest[n:])
+    def backward(self, call, buf, kept, grads):
+        cfg, n = self.cfg, self.cfg.layers
+        (wp, *weights), (dhs, dreads, dmem, dwr, dww, *dhc) = kept, grads
+        dh_last, dc_last = dhc if dhc else (None, None)
         steps, batch = buf.hs.shape[:2]
         grads = dict(
-            dhs=torch.zeros_like(buf.hs) if dhs_out is None else dhs_out.contiguous(),
-            dreads=torch.zeros_like(buf.reads) if dreads_out is None else dreads_out.contiguous(),
+            dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
+            dreads=torch.zeros_like(buf.reads) if dreads is None else dreads.contiguous(),
             dmem=carried(dmem, buf.mem[-1]), dwr=carried(dwr, buf.wr[-1]),
             dww=carried(dww, buf.ww[-1]), dreads0=torch.zeros_like(buf.reads[0]),
             dh=carried(dh_last, buf.h[-1][: n * cfg.lstm]), dc=carried(dc_last, buf.cell[-1]),
@@ -261,9 +254,8 @@ class _NativeSequence(torch.autograd.Function):
         dweights = [d.flatten(0, 1).t() @ z.flatten(0, 1) for d, z in zip(dpres, buf.z)]
         dbiases = [d.sum((0, 1)) for d in dpres[1:]]
         controller = (*dh0.unbind(0), *dc0.unbind(0)) if cfg.lstm else ()
-        return (None, None, None, dpres[0], dwp, draw.sum((0, 1)), grads["dmem"], grads["dwr"],
-                grads["dww"], grads["dreads0"],
-                *dweights, *dbiases, *controller)
+        return (dpres[0], dwp, draw.sum((0, 1)), grads["dmem"], grads["dwr"], grads["dww"],
+                grads["dreads0"], *dweights, *dbiases, *controller)
 
 
 def _initial_controller(cfg: _Config, hc: tuple, like: Tensor) -> tuple[Tensor, Tensor]:
@@ -300,8 +292,7 @@ def _sequence(cfg: _Config, tiny: float, own, xpre, wp, bp, memory, w_read, w_wr
     `OwnSteps` a second derivative runs)."""
     inputs = (xpre, wp, bp, memory, w_read, w_write, reads, *weights, *biases, *h0, *c0)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
-        own = own()
-        return _NativeSequence.apply(cfg, tiny, own, *inputs, *own.inputs)
+        return driver.differentiable(_Driver(cfg, tiny), own, *inputs)
     h, c = _initial_controller(cfg, (*h0, *c0), memory)
     _, buf = _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_write,
                           reads, h, c, keep=False)
@@ -319,7 +310,7 @@ def _batch_part(state: NTMState, part: slice) -> NTMState:
 
 
 def _outputs(hs: Tensor, reads: Tensor, final: NTMState) -> list:
-    """`_NativeSequence`'s outputs from the model's own steps (`OwnSteps`)."""
+    """`_Driver`'s outputs from the model's own steps (`OwnSteps`)."""
     return [hs, reads, final.memory.transpose(1, 2), final.read_weights, final.write_weights,
             *final.controller]
 
