@@ -51,3 +51,51 @@ def test_the_models_it_does_not_serve_run_eager_saying_why(options, why, caplog,
     dnc.engine = "eager"
     torch.testing.assert_close(y, dnc(x)[0], rtol=0, atol=0)
     assert why in caplog.text
+
+
+def _fields_swapped(config, dnc, first: str, second: str):
+    """``config`` (`engines.dnc._config`) with two interface fields of one width each in the
+    other's place, ``dnc``'s interface layer with their rows swapped to match, and the order of
+    rows that did it (its own inverse)."""
+    from torch_ntm.engines.dnc import _FIELDS
+
+    i, j = _FIELDS.index(first), _FIELDS.index(second)
+    starts = list(config.starts)
+    starts[i], starts[j] = starts[j], starts[i]
+    width = dnc.memory_width  # both are one write head's, W wide
+    order = torch.arange(dnc.head_params.weight.shape[0])
+    a = order[config.starts[i]: config.starts[i] + width].clone()
+    b = order[config.starts[j]: config.starts[j] + width].clone()
+    order[a], order[b] = b, a
+    with torch.no_grad():
+        dnc.head_params.weight.copy_(dnc.head_params.weight[order])
+        dnc.head_params.bias.copy_(dnc.head_params.bias[order])
+    return config._replace(starts=tuple(starts)), order
+
+
+def test_the_kernels_read_the_interface_fields_where_the_call_puts_them(monkeypatch):
+    """dnc.cpp takes each interface field where the call says, in any order (calls.h's table
+    gives their widths and activations): the write key and the erase vector swapped, with the
+    interface layer's rows swapped to match, give the same outputs and final state to the bit
+    and the same gradients (the interface layer's in the swapped rows) to rounding; fields that
+    overlap are refused, naming the problem."""
+    import torch_ntm.engines.dnc as engine
+
+    dnc = build(43)
+    x = rand(5, 3, IN, seed=44)
+    y, final, grads = run(dnc, "native", x)
+    names = [name for name, _ in dnc.named_parameters()]
+    real = engine._config
+    swapped, order = _fields_swapped(real(dnc), dnc, "write_key", "erase")
+    monkeypatch.setattr(engine, "_config", lambda model: swapped)
+    y2, final2, grads2 = run(dnc, "native", x)
+    assert torch.equal(y2, y)
+    assert all(torch.equal(a, b) for a, b in zip(final2.tensors().values(),
+                                                 final.tensors().values()))
+    for name, g2, g in zip(names, grads2, grads):  # sums over the rows in their new order
+        torch.testing.assert_close(g2[order] if name.startswith("head_params") else g2, g,
+                                   **TOL, msg=name)
+    overlapping = swapped._replace(starts=(0, *swapped.starts[1:-1], 0))
+    monkeypatch.setattr(engine, "_config", lambda model: overlapping)
+    with pytest.raises(Exception, match="dnc: the interface fields must cover its outputs"):
+        dnc(x)

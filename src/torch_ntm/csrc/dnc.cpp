@@ -18,9 +18,11 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <numeric>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace torch_ntm {
@@ -35,7 +37,23 @@ struct Cfg : CallSizes {
   int64_t RW() const { return R * W; }
 };
 
-// The call's sizes, checked.
+// The activations `activate` and its backward implement, field by field: the table calls.h has
+// from layout.DNC_FIELDS must say the same, or this file must change with it.
+static_assert(kDncActivation[DNC_READ_KEY] == DNC_NONE &&
+                  kDncActivation[DNC_READ_STRENGTH] == DNC_ONEPLUS &&
+                  kDncActivation[DNC_WRITE_KEY] == DNC_NONE &&
+                  kDncActivation[DNC_WRITE_STRENGTH] == DNC_ONEPLUS &&
+                  kDncActivation[DNC_ERASE] == DNC_SIGMOID &&
+                  kDncActivation[DNC_WRITE_VECTOR] == DNC_NONE &&
+                  kDncActivation[DNC_FREE_GATE] == DNC_SIGMOID &&
+                  kDncActivation[DNC_ALLOCATION_GATE] == DNC_SIGMOID &&
+                  kDncActivation[DNC_WRITE_GATE] == DNC_SIGMOID &&
+                  kDncActivation[DNC_READ_MODE] == DNC_SOFTMAX,
+              "dnc.cpp activates the interface as layout.DNC_FIELDS did when it was written");
+
+// The call's sizes, checked: each interface field wherever the call puts it, as wide as the
+// table in calls.h makes it (one write head: its read modes are 3 a read head), together the P
+// outputs without overlap.
 Cfg config(const DNCCall& d) {
   const Cfg c{call_sizes(d, "dnc"), d.read_heads,     d.width,           d.fields,
               d.read_key,           d.read_strength,  d.write_key,       d.write_strength,
@@ -44,12 +62,24 @@ Cfg config(const DNCCall& d) {
   if (c.R < 1 || c.W < 1) {
     throw std::invalid_argument("dnc: invalid sizes");
   }
-  const int64_t R = c.R, W = c.W;
-  if (c.rkey != 0 || c.rstr != R * W || c.wkey != c.rstr + R || c.wstr != c.wkey + W ||
-      c.erase != c.wstr + 1 || c.wvec != c.erase + W || c.free != c.wvec + W ||
-      c.agate != c.free + R || c.wgate != c.agate + 1 || c.modes != c.wgate + 1 ||
-      c.P != c.modes + 3 * R) {
-    throw std::invalid_argument("dnc: the interface fields must be DNC_FIELDS' for one write head");
+  int64_t start[std::size(kDncSize)];
+  start[DNC_READ_KEY] = c.rkey, start[DNC_READ_STRENGTH] = c.rstr, start[DNC_WRITE_KEY] = c.wkey;
+  start[DNC_WRITE_STRENGTH] = c.wstr, start[DNC_ERASE] = c.erase, start[DNC_WRITE_VECTOR] = c.wvec;
+  start[DNC_FREE_GATE] = c.free, start[DNC_ALLOCATION_GATE] = c.agate;
+  start[DNC_WRITE_GATE] = c.wgate, start[DNC_READ_MODE] = c.modes;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (start, width) of each field
+  for (size_t f = 0; f < std::size(kDncSize); ++f) {
+    const int64_t width = kDncSize[f] == DNC_WIDTH ? c.W : kDncSize[f] == DNC_ONE ? 1 : 3;
+    spans.emplace_back(start[f], (kDncReadHeads[f] ? c.R : 1) * width);
+  }
+  std::sort(spans.begin(), spans.end());
+  int64_t end = 0;
+  for (const auto& [first, width] : spans) {
+    if (first != end) break;
+    end = first + width;
+  }
+  if (end != c.P) {
+    throw std::invalid_argument("dnc: the interface fields must cover its outputs, no overlap");
   }
   return c;
 }

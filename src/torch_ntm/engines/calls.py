@@ -184,6 +184,20 @@ class DNCCall(Description):
     ]
     name = "dnc"
     sources = ("dnc.cpp",)
+    # The interface's fields as `DNC_FIELDS` describes them: an index each, and by index the
+    # heads it has (R read or one write head), its width per head (W, 1 or the 3 read modes of
+    # one write head) and its activation, which dnc.cpp checks against what it implements.
+    cpp = "\n".join([
+        "enum DNCField : int { " + ", ".join(
+            f"DNC_{f.name.upper()} = {i}" for i, f in enumerate(DNC_FIELDS)) + " };",
+        "enum DNCActivation : int { DNC_NONE, DNC_ONEPLUS, DNC_SIGMOID, DNC_SOFTMAX };",
+        "enum DNCSize : int { DNC_WIDTH, DNC_ONE, DNC_MODES };",
+        "constexpr bool kDncReadHeads[] = {" + ", ".join(
+            "true" if f.heads == "read" else "false" for f in DNC_FIELDS) + "};",
+        "constexpr DNCSize kDncSize[] = {" + ", ".join(
+            f"DNC_{f.size.upper()}" for f in DNC_FIELDS) + "};",
+        "constexpr DNCActivation kDncActivation[] = {" + ", ".join(
+            f"DNC_{f.activation.upper()}" for f in DNC_FIELDS) + "};"])
     buffers = (
         *_lstm_buffers("read_heads * width"),
         Buffer("mem", "slots", ("batch", "rows", "width")),
