@@ -6,7 +6,7 @@ For each batch and memory size: the bench's training step (its model, data, loss
 RMSProp; one thread) timed without a profiler (median ms per step over ``--repeats`` blocks of
 ``--steps``), then under `torch.profiler` for one more block, split by phase (forward, loss,
 backward, clipping, optimizer; each phase's CPU time per step), and within the forward and
-backward the native library's own calls (the `_NativeSequence` autograd function's self time)
+backward the native library's own calls (the `NativeSequence` autograd function's self time)
 and the matmuls torch runs around them (``aten::mm``/``aten::addmm`` self time). The profiler
 adds its own cost per op, so its phases add up to more than the plain median; compare shares,
 not sums. Set ``OMP_NUM_THREADS=1`` and leave the other core idle (or pause what runs there) for
@@ -49,8 +49,8 @@ def profile_one(engine: str, batch: int, rows: int, length: int, steps: int, rep
         return (e.cpu_time_total if total else e.self_cpu_time_total) / steps / 1e3
 
     phases = {p: ms(p) for p in _Runner.PHASES}
-    calls = {"native forward call": ms("_NativeSequence", total=False),
-             "native backward call": ms("_NativeSequenceBackward", total=False),
+    calls = {"native forward call": ms("NativeSequence", total=False),
+             "native backward call": ms("NativeSequenceBackward", total=False),
              "matmuls (mm, addmm)": ms("aten::mm", total=False) + ms("aten::addmm", total=False)}
     print(f"{engine}, batch {batch}, {rows} rows, L = {length}: "
           f"{statistics.median(blocks):.2f} ms per step (median of {repeats} x {steps}; "

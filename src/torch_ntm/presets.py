@@ -125,11 +125,6 @@ PRESETS: dict[str, dict[str, Preset]] = {
             "shipped model)",
             {**_BIT_ADAM, "lr": 1e-3, "eval_every": 200, "max_sequences": 620_000,
              "lr_milestones": [350_000, 550_000], "lr_decay": 0.3}),
-        "ntm-lstm-starts": Preset(
-            "three starts of 48,000 sequences, the best on to 300,000, the rate cut twice",
-            {**_BIT_ADAM, "lr": 1e-3, "eval_every": 200, "max_sequences": 300_000,
-             "lr_milestones": [170_000, 260_000], "lr_decay": 0.3, "starts": 3,
-             "start_sequences": 48_000}),
         "ntm-lstm-paper": Preset("the paper's optimiser and rate", {**_PAPER_OPT, "lr": 3e-5}),
         "ntm-ff": Preset(
             "the paper's feed-forward NTM and optimiser",

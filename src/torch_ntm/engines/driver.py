@@ -3,7 +3,7 @@ node, whose forward and backward are one library call each.
 
 A model's engine gives a driver (`Driver`): what its kernels take, how they are called forward
 with every step's state kept, and how the backward call's results become the gradients of what
-they took. This module does the rest for every model: the node (`Sequence`), what it saves for
+they took. This module does the rest for every model: the node (`NativeSequence`), what it saves for
 the backward (the driver's tensors and the call's buffers, `torch_ntm.engines.library.flat`),
 and the second derivative, which runs the model's own steps on the model's own inputs
 (`torch_ntm.engines.common.OwnSteps`, taken last).
@@ -19,11 +19,11 @@ from torch import Tensor
 from torch_ntm.engines import library
 from torch_ntm.engines.common import OwnSteps, first_order_only
 
-__all__ = ["Driver", "Sequence", "differentiable"]
+__all__ = ["Driver", "NativeSequence", "differentiable"]
 
 
 class Driver(Protocol):
-    """What a model's engine gives `Sequence`."""
+    """What a model's engine gives `NativeSequence`."""
 
     def forward(self, *inputs: Tensor) -> tuple:
         """All steps from ``inputs`` (what the kernels take), every step's state kept for the
@@ -36,7 +36,7 @@ class Driver(Protocol):
         where autograd gives none), by the backward call on the forward's ``buffers``."""
 
 
-class Sequence(torch.autograd.Function):
+class NativeSequence(torch.autograd.Function):
     """A native sequence: ``driver``'s kernels on ``inputs``, then, last, ``own.inputs``,
     through which alone a second derivative reaches the model (`first_order_only`)."""
 
@@ -61,6 +61,6 @@ class Sequence(torch.autograd.Function):
 
 
 def differentiable(driver: Driver, own: Callable, *inputs: Tensor) -> tuple:
-    """`Sequence` on ``inputs``, ``own()`` giving the model's own (`OwnSteps`)."""
+    """`NativeSequence` on ``inputs``, ``own()`` giving the model's own (`OwnSteps`)."""
     own = own()
-    return Sequence.apply(driver, own, *inputs, *own.inputs)
+    return NativeSequence.apply(driver, own, *inputs, *own.inputs)

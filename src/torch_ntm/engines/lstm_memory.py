@@ -64,7 +64,7 @@ def _run_forward(spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep:
 
 class _Driver(NamedTuple):
     """The steps after the LSTM's input side, before the output layer, for
-    `torch_ntm.engines.driver.Sequence`: from ``xpre [T, B, 4C]`` (gates i, f, o, g, biases
+    `torch_ntm.engines.driver.NativeSequence`: from ``xpre [T, B, 4C]`` (gates i, f, o, g, biases
     included), the recurrent weights ``wrh [4C, R W + C]`` of ``[reads, h]``, the head layer
     (``wp``, ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`) and the reads
     ``[B, R, W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the last step."""

@@ -210,7 +210,7 @@ def _run_forward(cfg, tiny, xpre, weights, biases, wp, bp, memory, w_read, w_wri
 
 class _Driver(NamedTuple):
     """The recurrent part of `NTM.forward` over a whole sequence by the native library, for
-    `torch_ntm.engines.driver.Sequence`.
+    `torch_ntm.engines.driver.NativeSequence`.
 
     Inputs: ``xpre [T, B, G]``, ``wp``, ``bp``, the initial state ``memory [B, M, N]``
     (transposed), ``w_read, w_write, reads``, then ``L`` weights, ``L - 1`` biases and, for an
