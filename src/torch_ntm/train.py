@@ -378,8 +378,14 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     run_dir = Path(run_dir)
     with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
         if config.stabilise.starts > 1 and not (resume and has_checkpoint(run_dir)):
-            return _train_starts(config, run_dir, resume=resume, progress=progress)
+            return _train_starts(config, run_dir, progress=progress)
         return _train(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
+
+
+def _write_config(run_dir: Path, config: TrainConfig) -> None:
+    """``run_dir/config.json``: the config that trains there (the folder made if need be)."""
+    run_dir.mkdir(parents=True, exist_ok=True)
+    atomic_write(run_dir / "config.json", (config.to_json() + "\n").encode())
 
 
 def start_config(config: TrainConfig, k: int) -> TrainConfig:
@@ -419,14 +425,12 @@ def starting_config(run_dir: str | os.PathLike) -> TrainConfig | None:
     return config if config.stabilise.starts > 1 else None
 
 
-def _train_starts(config: TrainConfig, run_dir: Path, *, resume: bool,
-                  progress: bool | None) -> TrainResult:
+def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None) -> TrainResult:
     """`train` with several starts, before ``run_dir`` has a checkpoint of its own: each
     start, then the best one on in ``run_dir``."""
     main = is_main_process()
     if main:  # the run's own config from the first: `ntm train --resume` reads it
-        run_dir.mkdir(parents=True, exist_ok=True)
-        atomic_write(run_dir / "config.json", (config.to_json() + "\n").encode())
+        _write_config(run_dir, config)
     scores = []
     for k in range(config.stabilise.starts):
         folder = start_dir(run_dir, k)
@@ -622,7 +626,7 @@ class _Run:
             run_dir.mkdir(parents=True, exist_ok=True)
             resume_at = (self.state.step, self.state.sequences) if resume else None
             self.log = MetricsLog(run_dir, self.task.extra_metrics, resume_at)  # checks it
-            atomic_write(run_dir / "config.json", (config.to_json() + "\n").encode())
+            _write_config(run_dir, config)
         self.train_model = self.world.wrap(self.model)
         # Every rank validates the whole (small) set, so all reach the same stopping decision.
         self.val_batches = validation_batches(config, self.task)

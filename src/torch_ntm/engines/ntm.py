@@ -301,12 +301,14 @@ def _sequence(cfg: _Config, tiny: float, own, xpre, wp, bp, memory, w_read, w_wr
     return (buf.hs, buf.reads, buf.mem[last], buf.wr[last], buf.ww[last], *controller)
 
 
-def _batch_part(state: NTMState, part: slice) -> NTMState:
-    """``state`` for the batch's elements ``part``."""
-    if part == slice(0, state.memory.shape[0]):
-        return state
-    return NTMState(tuple(t[:, part] for t in state.controller), state.memory[part],
-                    state.read_weights[part], state.write_weights[part], state.reads[part])
+def _own_steps(model: nn.Module, x: Tensor, state: NTMState, part: slice) -> OwnSteps:
+    """What a second derivative of the batch's elements ``part`` runs (`OwnSteps`): made only
+    for a differentiable call (`_sequence`), and for the whole batch without slicing it."""
+    if part != slice(0, x.shape[1]):
+        x, state = x[:, part], NTMState(
+            tuple(t[:, part] for t in state.controller), state.memory[part],
+            state.read_weights[part], state.write_weights[part], state.reads[part])
+    return OwnSteps(model, x, state, _outputs)
 
 
 def _outputs(hs: Tensor, reads: Tensor, final: NTMState) -> list:
@@ -329,14 +331,12 @@ def forward(model: nn.Module, x: Tensor, state: NTMState) -> tuple[Tensor, NTMSt
     tiny = torch.finfo(x.dtype).tiny
     memory = state.memory.transpose(1, 2)  # [B, M, N]: a row's M entries strided by N
     pieces = []
-    parts = _chunks(x.shape[1], memory[0].numel() * memory.element_size())
-    for part in parts:
+    for part in _chunks(x.shape[1], memory[0].numel() * memory.element_size()):
         h0 = list(state.controller[0][:, part].unbind(0)) if cfg.lstm else []
         c0 = list(state.controller[1][:, part].unbind(0)) if cfg.lstm else []
-        own = functools.partial(OwnSteps, model, x[:, part] if len(parts) > 1 else x,
-                                _batch_part(state, part), _outputs)
         pieces.append(_sequence(
-            cfg, tiny, own, xpre[:, part].contiguous(), wp, bp, memory[part],
+            cfg, tiny, functools.partial(_own_steps, model, x, state, part),
+            xpre[:, part].contiguous(), wp, bp, memory[part],
             state.read_weights[part], state.write_weights[part],
             state.reads[part].contiguous(), weights, biases, h0, c0))
     if len(pieces) == 1:
