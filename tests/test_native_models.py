@@ -10,6 +10,7 @@ test_native.py), and a property test_engines.py checks for the NTM takes no NTM 
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import Callable
 
@@ -496,6 +497,65 @@ def test_a_sequence_gets_the_same_bits_alone_as_in_any_batch(spec, dtype, grad):
                     full = state.tensors()[name]
                     row = full[:, i:i + 1] if name.startswith("controller") else full[i:i + 1]
                     assert torch.equal(t, row), (name, b, len(batch))
+
+
+def field_rows(model, config, name: str) -> torch.Tensor:
+    """The head (interface) layer's rows of field ``name`` under ``config`` (the engine's
+    `_config`): each MANN head's block of ``config.fields`` outputs holds its fields, the DNC's
+    interface holds each field of all heads in one run."""
+    start = config.starts[importlib.import_module(f"torch_ntm.engines.{spec_of(model).name}")
+                          ._FIELDS.index(name)]
+    if isinstance(model, MANN):
+        width = model.head_layout.fields[name]
+        return torch.cat([torch.arange(k * config.fields + start, k * config.fields + start + width)
+                          for k in range(model.read_heads)])
+    heads, width = model.head_layout.fields[name]
+    return torch.arange(start, start + heads * width)
+
+
+@pytest.mark.parametrize("spec,options,first,second,overlap", [
+    case(MANN_SPEC, {"learned_beta": True}, "key", "add", ("alpha", "beta")),
+    case(MANN_SPEC, {"learned_beta": True}, "alpha", "beta", ("add", "key")),
+    case(DNC_SPEC, {}, "write_key", "erase", ("read_mode", "read_key")),
+])
+def test_the_kernels_read_the_head_fields_where_the_call_puts_them(spec, options, first, second,
+                                                                   overlap, monkeypatch):
+    """mann.cpp and dnc.cpp take each head field where the call says, in any order (calls.h's
+    tables give their widths and activations): two fields of one width swapped, with the head
+    layer's rows swapped to match, give the same outputs and final state to the bit and the same
+    gradients (the head layer's in the swapped rows) to rounding; fields that overlap are
+    refused, naming the problem."""
+    engine = importlib.import_module(f"torch_ntm.engines.{spec.name}")
+    model = spec.build(43, **options)
+    x = rand(5, 3, IN, seed=44)
+    y, final, grads = run(model, "native", x)
+    config = engine._config(model)
+    a, b = field_rows(model, config, first), field_rows(model, config, second)
+    order = torch.arange(model.head_params.weight.shape[0])
+    order[a], order[b] = b, a  # its own inverse
+    with torch.no_grad():
+        for p in model.head_params.parameters():
+            p.copy_(p[order])
+    starts = list(config.starts)
+    i, j = engine._FIELDS.index(first), engine._FIELDS.index(second)
+    starts[i], starts[j] = starts[j], starts[i]
+    swapped = config._replace(starts=tuple(starts))
+    monkeypatch.setattr(engine, "_config", lambda model: swapped)
+    y2, final2, grads2 = run(model, "native", x)
+    assert torch.equal(y2, y)
+    assert all(torch.equal(s, t) for s, t in zip(final2.tensors().values(),
+                                                 final.tensors().values()))
+    names = [name for name, _ in model.named_parameters()]
+    for name, g2, g in zip(names, grads2, grads):  # sums over the rows in their new order
+        torch.testing.assert_close(g2[order] if name.startswith("head_params") else g2, g,
+                                   **TOL, msg=name)
+    onto, moved = (engine._FIELDS.index(name) for name in overlap)
+    starts[moved] = starts[onto]
+    overlapping = config._replace(starts=tuple(starts))
+    monkeypatch.setattr(engine, "_config", lambda model: overlapping)
+    with pytest.raises(Exception, match=f"{spec.name}: .*fields.* must cover its outputs, no "
+                       "overlap"):
+        model(x)
 
 
 def mann_distinct_usages(mann: MANN) -> MANNState:

@@ -25,9 +25,9 @@ from torch_ntm import dnc_functional as dncf
 from torch_ntm import functional as ntmf
 from torch_ntm.states import DNCState, NTMState  # defined there, exported here as before
 
-__all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "LRUALayout",
-           "LRUAParameters", "soft_cap", "DNCState", "DNCField", "DNC_FIELDS", "DNCInterface",
-           "DNCAccess", "DNCLayout"]
+__all__ = ["NTMState", "HeadField", "HEAD_FIELDS", "HeadLayout", "HeadParameters", "LRUAField",
+           "LRUA_FIELDS", "LRUALayout", "LRUAParameters", "soft_cap", "DNCState", "DNCField",
+           "DNC_FIELDS", "DNCInterface", "DNCAccess", "DNCLayout"]
 
 
 class HeadField(NamedTuple):
@@ -156,6 +156,26 @@ class HeadLayout:
         return memory, read_weights, write_weights, ntmf.read(memory, read_weights), (wp, rp)
 
 
+class LRUAField(NamedTuple):
+    """One field of a MANN head's part of the head layer's output."""
+
+    name: str
+    size: str  # "width" (M) or "one"
+    activation: str  # "tanh", "sigmoid" or "softplus"
+    needs: str = ""  # present only where the layout's option of this name holds (else always)
+
+
+# Each MANN head's fields, in this order. alpha's sigmoid is applied inside
+# `functional.lrua_write_weights` (the head layer's output is passed raw); the native kernels
+# apply it with the others.
+LRUA_FIELDS = (
+    LRUAField("key", "width", "tanh"),
+    LRUAField("alpha", "one", "sigmoid"),
+    LRUAField("add", "width", "tanh", needs="own_add"),  # else the key is written
+    LRUAField("beta", "one", "softplus", needs="learned_beta"),  # else beta = 1
+)
+
+
 class LRUAParameters(NamedTuple):
     """Activated parameters of all H heads of a MANN (a read head and its write head together)."""
 
@@ -186,13 +206,18 @@ class LRUALayout:
     decay: float
 
     @property
+    def own_add(self) -> bool:
+        """Whether each write head emits its own add vector (else it writes its read head's
+        key)."""
+        return self.write_vector == "add"
+
+    @property
     def fields(self) -> dict[str, int]:
-        """Each head's fields, in order, name to width: ``key`` (M), ``alpha`` (1), then ``add``
-        (M) if ``write_vector == "add"`` and ``beta`` (1) if ``learned_beta``; head h's fields
-        are the h-th block of ``sum(widths)`` outputs."""
-        m = self.width
-        return {"key": m, "alpha": 1, **({"add": m} if self.write_vector == "add" else {}),
-                **({"beta": 1} if self.learned_beta else {})}
+        """Each head's fields (`LRUA_FIELDS`), in order, name to width: ``key`` (M), ``alpha``
+        (1), then ``add`` (M) if ``write_vector == "add"`` and ``beta`` (1) if
+        ``learned_beta``; head h's fields are the h-th block of ``sum(widths)`` outputs."""
+        return {f.name: self.width if f.size == "width" else 1 for f in LRUA_FIELDS
+                if not f.needs or getattr(self, f.needs)}
 
     @property
     def size(self) -> int:
@@ -201,12 +226,14 @@ class LRUALayout:
 
     def activate(self, raw: Tensor) -> LRUAParameters:
         """The activated fields of the head layer's output ``raw [B, H * sum(widths)]``."""
-        parts = torch.split(raw.view(raw.shape[0], self.heads, -1), list(self.fields.values()),
-                            dim=-1)
-        key = torch.tanh(parts[0])
-        add = torch.tanh(parts[2]) if self.write_vector == "add" else key
-        beta = ntmf.softplus(parts[-1]) if self.learned_beta else torch.ones_like(parts[1])
-        return LRUAParameters(key=key, alpha=parts[1], add=add, beta=beta)
+        fields = self.fields
+        parts = dict(zip(fields, torch.split(raw.view(raw.shape[0], self.heads, -1),
+                                             list(fields.values()), dim=-1)))
+        key = torch.tanh(parts["key"])
+        add = torch.tanh(parts["add"]) if "add" in parts else key
+        beta = ntmf.softplus(parts["beta"]) if "beta" in parts else torch.ones_like(
+            parts["alpha"])
+        return LRUAParameters(key=key, alpha=parts["alpha"], add=add, beta=beta)
 
     def heads_step(self, raw: Tensor, memory: Tensor, usage: Tensor, read_weights: Tensor,
                    least_used: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:

@@ -138,6 +138,19 @@ inline bool before(F a, int64_t i, F b, int64_t j) {
 template <typename F>
 const F* arg(const uintptr_t* p, size_t i) { return reinterpret_cast<const F*>(p[i]); }
 
+// Whether fields given as (start, width) tile [0, total): sorted, each starts where the one
+// before ends and the last ends at total. How a call's head fields are checked, wherever it puts
+// them.
+inline bool tiles(std::vector<std::pair<int64_t, int64_t>> spans, int64_t total) {
+  std::sort(spans.begin(), spans.end());
+  int64_t end = 0;
+  for (const auto& [first, width] : spans) {
+    if (first != end) return false;
+    end = first + width;
+  }
+  return end == total;
+}
+
 // The sizes of every MANN or DNC call (its generated struct's steps, batch, controller and rows)
 // and whether it keeps every step's state (as a backward needs), checked.
 struct CallSizes {

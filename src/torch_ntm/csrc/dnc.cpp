@@ -72,13 +72,7 @@ Cfg config(const DNCCall& d) {
     const int64_t width = kDncSize[f] == DNC_WIDTH ? c.W : kDncSize[f] == DNC_ONE ? 1 : 3;
     spans.emplace_back(start[f], (kDncReadHeads[f] ? c.R : 1) * width);
   }
-  std::sort(spans.begin(), spans.end());
-  int64_t end = 0;
-  for (const auto& [first, width] : spans) {
-    if (first != end) break;
-    end = first + width;
-  }
-  if (end != c.P) {
+  if (!tiles(spans, c.P)) {
     throw std::invalid_argument("dnc: the interface fields must cover its outputs, no overlap");
   }
   return c;

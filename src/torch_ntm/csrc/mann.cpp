@@ -7,8 +7,9 @@
 // contiguous).
 //
 // Shapes: T steps, B batch, C controller units, H heads, memory N rows of width M, P = H Fw head
-// layer outputs, head k's fields at k Fw: key (M, tanh), alpha (1, sigmoid), add (M, tanh; absent
-// when the key is written), beta (1, softplus; absent when beta = 1).
+// layer outputs, head k's at k Fw: its fields (torch_ntm.layout.LRUA_FIELDS) key (M, tanh),
+// alpha (1, sigmoid), add (M, tanh; absent when the key is written) and beta (1, softplus; absent
+// when beta = 1), each where the call says it starts.
 
 #include "calls.h"  // generated from engines/mann.py's MANNCall
 #include "common.h"
@@ -16,8 +17,10 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <iterator>
 #include <limits>
 #include <stdexcept>
+#include <utility>
 #include <vector>
 
 namespace torch_ntm {
@@ -25,25 +28,44 @@ namespace {
 namespace lrua {
 
 struct Cfg : CallSizes {
-  int64_t H, M, P, Fw, o_alpha, o_add, o_beta;
+  int64_t H, M, P, Fw, o_key, o_alpha, o_add, o_beta;
   double gamma;  // usage decay
 
   int64_t Z() const { return H * M + C; }  // the recurrent matmul's input [reads, h]
-  int64_t key(int64_t k) const { return k * Fw; }
+  int64_t key(int64_t k) const { return k * Fw + o_key; }
   int64_t alpha(int64_t k) const { return k * Fw + o_alpha; }
-  int64_t add(int64_t k) const { return k * Fw + (o_add < 0 ? 0 : o_add); }  // the key's if none
+  int64_t add(int64_t k) const { return k * Fw + (o_add < 0 ? o_key : o_add); }  // or the key's
   int64_t beta(int64_t k) const { return k * Fw + o_beta; }
 };
 
-// The call's sizes, checked.
+// The activations `activate` and its backward implement (tanh over every output, then alpha's
+// and beta's replaced): the table calls.h has from layout.LRUA_FIELDS must say the same, or this
+// file must change with it.
+static_assert(kMannActivation[MANN_KEY] == MANN_TANH &&
+                  kMannActivation[MANN_ALPHA] == MANN_SIGMOID &&
+                  kMannActivation[MANN_ADD] == MANN_TANH &&
+                  kMannActivation[MANN_BETA] == MANN_SOFTPLUS,
+              "mann.cpp activates the heads as layout.LRUA_FIELDS did when it was written");
+
+// The call's sizes, checked: each head's fields wherever the call puts them (add and beta may be
+// absent, -1), as wide as the table in calls.h makes them, together its Fw outputs without
+// overlap.
 Cfg config(const MANNCall& d) {
-  const Cfg c{call_sizes(d, "mann"), d.heads, d.width, d.heads * d.fields, d.fields, d.alpha,
-              d.add, d.beta, d.decay};
+  const Cfg c{call_sizes(d, "mann"), d.heads, d.width, d.heads * d.fields, d.fields, d.key,
+              d.alpha, d.add, d.beta, d.decay};
   if (c.H < 1 || c.M < 1 || c.N < c.H) {
     throw std::invalid_argument("mann: invalid sizes");
   }
-  if (c.o_alpha != c.M || c.Fw != c.M + 1 + (c.o_add >= 0 ? c.M : 0) + (c.o_beta >= 0 ? 1 : 0)) {
-    throw std::invalid_argument("mann: head fields must be key (M), alpha (1)[, add (M)][, beta]");
+  int64_t start[std::size(kMannSize)];
+  start[MANN_KEY] = c.o_key, start[MANN_ALPHA] = c.o_alpha, start[MANN_ADD] = c.o_add;
+  start[MANN_BETA] = c.o_beta;
+  std::vector<std::pair<int64_t, int64_t>> spans;  // (start, width) of each field present
+  for (size_t f = 0; f < std::size(kMannSize); ++f) {
+    if (start[f] >= 0) spans.emplace_back(start[f], kMannSize[f] == MANN_WIDTH ? c.M : 1);
+  }
+  if (c.o_key < 0 || c.o_alpha < 0 || !tiles(spans, c.Fw)) {
+    throw std::invalid_argument(
+        "mann: a head's fields (a key and alpha among them) must cover its outputs, no overlap");
   }
   return c;
 }

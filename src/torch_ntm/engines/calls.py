@@ -18,7 +18,7 @@ from typing import NamedTuple
 
 from torch import nn
 
-from torch_ntm.layout import DNC_FIELDS, HEAD_FIELDS
+from torch_ntm.layout import DNC_FIELDS, HEAD_FIELDS, LRUA_FIELDS
 
 __all__ = ["Buffer", "DESCRIPTIONS", "DNCCall", "Description", "MANNCall", "NATIVE", "NTMCall",
            "NTM_BLOCKS"]
@@ -53,6 +53,25 @@ def _lstm_buffers(reads: str) -> tuple[Buffer, ...]:
             # the recurrent matmul's input [reads, h] of the step before
             Buffer("z", "kept", ("batch", f"{reads} + controller")),
             Buffer("act", "kept", ("batch", "4 * controller")))  # activated gates (i, f, o, g)
+
+
+def _field_tables(prefix: str, fields: tuple, activations: tuple[str, ...],
+                  sizes: tuple[str, ...]) -> list[str]:
+    """C++ declarations of a model's head fields (``fields``: a layout's table of NamedTuples
+    with ``name``, ``size`` and ``activation``): enums of the fields (``{prefix}_{NAME}``, in
+    the table's order), of the ``activations`` and of the ``sizes`` a field may have, and by
+    field its size and activation (``k{Prefix}Size``, ``k{Prefix}Activation``), which the
+    kernels assert are those they implement. A call then says where each field starts."""
+    def enum(kind: str, names) -> str:
+        return f"enum {prefix}{kind} : int {{ " + ", ".join(
+            f"{prefix}_{name.upper()}" for name in names) + " };"
+
+    def table(kind: str, column: str) -> str:
+        return f"constexpr {prefix}{kind} k{prefix.title()}{kind}[] = {{" + ", ".join(
+            f"{prefix}_{getattr(f, column).upper()}" for f in fields) + "};"
+
+    return [enum("Field", (f.name for f in fields)), enum("Activation", activations),
+            enum("Size", sizes), table("Size", "size"), table("Activation", "activation")]
 
 
 class Description(ctypes.Structure):
@@ -141,15 +160,19 @@ class MANNCall(Description):
         ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
         ("controller", ctypes.c_int64), ("heads", ctypes.c_int64),  # C, H
         ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # M, N
-        # Each head's outputs of the head layer, and where alpha, add (-1: the key is written)
-        # and beta (-1: beta = 1) lie among them (the key first), from `MANN.head_fields`.
-        ("fields", ctypes.c_int64), ("alpha", ctypes.c_int64), ("add", ctypes.c_int64),
-        ("beta", ctypes.c_int64),
+        # Each head's outputs of the head layer, and where each field of `LRUA_FIELDS` starts
+        # among them (-1: absent; add: the key is written, beta: beta = 1), from
+        # `MANN.head_fields`.
+        ("fields", ctypes.c_int64), *((field.name, ctypes.c_int64) for field in LRUA_FIELDS),
         ("keep_all", ctypes.c_int64),  # every step's state, for the backward
         ("decay", ctypes.c_double),  # the usage decay gamma
     ]
     name = "mann"
     sources = ("mann.cpp",)
+    # Each head's fields as `LRUA_FIELDS` describes them (widths and activations), which
+    # mann.cpp checks against what it implements.
+    cpp = "\n".join(_field_tables("MANN", LRUA_FIELDS, ("tanh", "sigmoid", "softplus"),
+                                  ("width", "one")))
     buffers = (
         *_lstm_buffers("heads * width"),
         Buffer("mem", "slots", ("batch", "width", "rows")),  # memory, transposed
@@ -188,16 +211,10 @@ class DNCCall(Description):
     # heads it has (R read or one write head), its width per head (W, 1 or the 3 read modes of
     # one write head) and its activation, which dnc.cpp checks against what it implements.
     cpp = "\n".join([
-        "enum DNCField : int { " + ", ".join(
-            f"DNC_{f.name.upper()} = {i}" for i, f in enumerate(DNC_FIELDS)) + " };",
-        "enum DNCActivation : int { DNC_NONE, DNC_ONEPLUS, DNC_SIGMOID, DNC_SOFTMAX };",
-        "enum DNCSize : int { DNC_WIDTH, DNC_ONE, DNC_MODES };",
+        *_field_tables("DNC", DNC_FIELDS, ("none", "oneplus", "sigmoid", "softmax"),
+                       ("width", "one", "modes")),
         "constexpr bool kDncReadHeads[] = {" + ", ".join(
-            "true" if f.heads == "read" else "false" for f in DNC_FIELDS) + "};",
-        "constexpr DNCSize kDncSize[] = {" + ", ".join(
-            f"DNC_{f.size.upper()}" for f in DNC_FIELDS) + "};",
-        "constexpr DNCActivation kDncActivation[] = {" + ", ".join(
-            f"DNC_{f.activation.upper()}" for f in DNC_FIELDS) + "};"])
+            "true" if f.heads == "read" else "false" for f in DNC_FIELDS) + "};"])
     buffers = (
         *_lstm_buffers("read_heads * width"),
         Buffer("mem", "slots", ("batch", "rows", "width")),

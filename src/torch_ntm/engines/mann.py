@@ -25,6 +25,7 @@ from torch import Tensor, nn
 
 from torch_ntm.engines.calls import MANNCall
 from torch_ntm.engines.lstm_memory import Spec, run
+from torch_ntm.layout import LRUA_FIELDS
 from torch_ntm.states import MANNState
 
 __all__ = ["MANNCall", "forward"]
@@ -38,25 +39,27 @@ class _Config(NamedTuple):
     width: int
     rows: int
     fields: int  # Fw, each head's outputs of the head layer
-    alpha: int  # offsets of alpha, add (-1: the key is written) and beta (-1: beta = 1)
-    add: int
-    beta: int
+    starts: tuple  # where each of `_FIELDS` starts among them (-1: absent)
     decay: float
 
     def call(self, steps: int, batch: int, keep: bool) -> MANNCall:
         return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
-                        self.fields, self.alpha, self.add, self.beta, int(keep), self.decay)
+                        self.fields, *self.starts, int(keep), self.decay)
+
+
+# Each head's fields' names, in `torch_ntm.layout.LRUA_FIELDS` order: `MANNCall` has where each
+# starts.
+_FIELDS = tuple(field.name for field in LRUA_FIELDS)
 
 
 def _config(model: nn.Module) -> _Config:
-    fields = model.head_layout.fields
-    offsets, start = {}, 0
-    for name, width in fields.items():
-        offsets[name] = start
+    starts, start = {}, 0
+    for name, width in model.head_layout.fields.items():
+        starts[name] = start
         start += width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
-                   model.memory_size, start, offsets["alpha"], offsets.get("add", -1),
-                   offsets.get("beta", -1), model.usage_decay)
+                   model.memory_size, start, tuple(starts.get(name, -1) for name in _FIELDS),
+                   model.usage_decay)
 
 
 def _work(buf, keep: bool) -> dict:
