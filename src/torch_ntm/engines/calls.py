@@ -43,6 +43,15 @@ class Buffer(NamedTuple):
     per: str = ""
 
 
+def _lstm_sizes(heads: str) -> list:
+    """The sizes a call of the kernels of a one-layer LSTM with memory (the MANN's, the DNC's)
+    starts with, as common.h's ``call_sizes`` reads them: T, B, C, the ``heads`` that read, the
+    memory's width and rows."""
+    return [("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
+            ("controller", ctypes.c_int64), (heads, ctypes.c_int64),  # C, the read heads
+            ("width", ctypes.c_int64), ("rows", ctypes.c_int64)]  # the memory's, and N
+
+
 def _lstm_buffers(reads: str) -> tuple[Buffer, ...]:
     """The buffers of a one-layer LSTM controller that reads ``[reads, h]`` besides its input
     (the MANN's and the DNC's kernels), ``reads`` the width of the reads (an expression of the
@@ -157,9 +166,7 @@ class MANNCall(Description):
     ``torch_ntm_mann_backward``): the C++ struct of the same name in the generated ``calls.h``."""
 
     _fields_ = [
-        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
-        ("controller", ctypes.c_int64), ("heads", ctypes.c_int64),  # C, H
-        ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # M, N
+        *_lstm_sizes("heads"),  # T, B, C, H, M, N
         # Each head's outputs of the head layer, and where each field of `LRUA_FIELDS` starts
         # among them (-1: absent; add: the key is written, beta: beta = 1), from
         # `MANN.head_fields`.
@@ -197,9 +204,7 @@ class DNCCall(Description):
     ``torch_ntm_dnc_backward``): the C++ struct of the same name in the generated ``calls.h``."""
 
     _fields_ = [
-        ("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
-        ("controller", ctypes.c_int64), ("read_heads", ctypes.c_int64),  # C, R
-        ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # W, N
+        *_lstm_sizes("read_heads"),  # T, B, C, R, W, N
         ("fields", ctypes.c_int64),  # P, the interface layer's outputs
         # where each field of the interface starts among them (DNC_FIELDS' order)
         *((field.name, ctypes.c_int64) for field in DNC_FIELDS),
