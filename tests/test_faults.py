@@ -932,6 +932,7 @@ def test_overwrite_refuses_a_folder_whose_config_and_metrics_are_not_a_runs(tmp_
     assert snapshot(folder) == before
 
 
+@pytest.mark.slow  # an `ntm` process, 5.6-6.5 s in CI
 def test_a_resume_that_fails_under_a_file_size_limit_keeps_config_json(run):
     """config.json was written in place: a file size limit left it truncated."""
     import resource
@@ -1062,6 +1063,7 @@ def test_omniglot_zips_that_are_not_images_name_the_file(tmp_path, capsys):
 
 # -- Every read and size bounded ----------------------------------------------------------------
 
+@pytest.mark.slow  # an `ntm` process, 5.6-6.5 s in CI
 def test_init_from_a_device_is_refused_without_reading_it(tmp_path, capsys):
     """init_from=/dev/zero read until the kernel's OOM killer ended the process (23.8 GB)."""
     import resource

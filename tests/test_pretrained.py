@@ -204,6 +204,7 @@ def test_shipped_model_still_solves_its_task(name, shipped):
     assert row["bit_errors"] <= max(0.5, 3 * info["metrics"]["bit_errors"]), (name, row)
 
 
+@pytest.mark.slow  # 5.1 s in CI
 def test_shipped_priority_sort_sorts_as_documented(shipped):
     # docs/results/priority-sort.md:
     # `ntm evaluate --pretrained priority_sort --sequences 1000`: 95.2% and
