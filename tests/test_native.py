@@ -254,7 +254,7 @@ def test_the_header_shares_the_constants_and_reads_the_buffers_by_the_table():
                                                              for n in names)
     assert "z_size = d.batch * ((d.heads * d.width) + d.controller);" in take
     assert "link_.push_back" in text[text.index("size_t take(const DNCCall& d"):]
-    assert "struct DNCCallBackward { enum : size_t { wrh, wp, dhs," in text
+    assert "struct DNCCallBackward { enum : size_t { wih, whh, wp, dhs," in text
 
 
 def test_buffers_are_allocated_and_passed_in_the_tables_order():

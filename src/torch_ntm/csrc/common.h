@@ -151,10 +151,11 @@ inline bool tiles(std::vector<std::pair<int64_t, int64_t>> spans, int64_t total)
   return end == total;
 }
 
-// The sizes of every MANN or DNC call (its generated struct's steps, batch, controller and rows)
-// and whether it keeps every step's state (as a backward needs), checked.
+// The sizes of every MANN or DNC call (its generated struct's steps, batch, controller, rows and
+// inputs: X, the controller's input width besides the reads) and whether it keeps every step's
+// state (as a backward needs), checked.
 struct CallSizes {
-  int64_t T, B, C, N;
+  int64_t T, B, C, N, X;
   bool keep_all;
 
   int64_t G() const { return 4 * C; }  // the LSTM's gates
@@ -162,24 +163,25 @@ struct CallSizes {
 
 template <typename Call>
 CallSizes call_sizes(const Call& d, const char* model) {
-  if (d.steps < 1 || d.batch < 1 || d.controller < 1 || d.rows < 1) {
+  if (d.steps < 1 || d.batch < 1 || d.controller < 1 || d.rows < 1 || d.inputs < 0) {
     throw std::invalid_argument(std::string(model) + ": invalid sizes");
   }
-  return {d.steps, d.batch, d.controller, d.rows, d.keep_all != 0};
+  return {d.steps, d.batch, d.controller, d.rows, d.inputs, d.keep_all != 0};
 }
 
 // The LSTM controller's side of a MANN's or DNC's forward call, where the generated
 // `{Call}Forward` enum `A` has them: the LSTM's input side [T, B, 4C] with its biases (gates i, f,
-// o, g), its weights of [reads, h] [4C, Z], the head (interface) layer [P, C] and its bias [P],
-// and the first step's h [B, C] and reads [B, Z - C].
+// g, o, `nn.LSTMCell`'s order), its weights as the cell holds them (W_ih [4C, X + Z - C], whose
+// last Z - C columns read the reads, and W_hh [4C, C]), the head (interface) layer [P, C] and
+// its bias [P], and the first step's h [B, C] and reads [B, Z - C].
 template <typename F>
 struct Controller {
-  const F *xpre, *wrh, *wp, *bp, *h0, *reads0;
+  const F *xpre, *wih, *whh, *wp, *bp, *h0, *reads0;
 };
 
 template <typename F, typename A>
 Controller<F> controller_args(const uintptr_t* p) {
-  return {arg<F>(p, A::xpre), arg<F>(p, A::wrh), arg<F>(p, A::wp),
+  return {arg<F>(p, A::xpre), arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp),
           arg<F>(p, A::bp),   arg<F>(p, A::h0),  arg<F>(p, A::reads0)};
 }
 
@@ -325,27 +327,23 @@ void transpose_block(const F* w, int64_t ws, F* t, int64_t ts) {
 }
 #endif
 
-// w [rows, cols] transposed into `buffer` (resized to [cols, rows]; a thread's buffer keeps its
-// memory from one call to the next): whole blocks by `transpose_block` (a MANN's 800 x 360
-// floats in ~0.1 ms where scalar tiles took ~0.5), the edges in scalars. Returns the buffer's
-// data.
+// w [rows, cols] (rows `ld` apart) transposed into t [cols, rows]: whole blocks by
+// `transpose_block` (a MANN's 800 x 360 floats in ~0.1 ms where scalar tiles took ~0.5), the
+// edges in scalars.
 template <typename F>
-const F* transposed(std::vector<F>& buffer, int64_t rows, int64_t cols, const F* w) {
+void transpose_into(F* t, int64_t rows, int64_t cols, const F* w, int64_t ld) {
   constexpr int64_t S = kTransposeBlock<F>;
-  buffer.resize(rows * cols);
-  F* t = buffer.data();
   const int64_t whole_rows = rows / S * S, whole_cols = cols / S * S;
   for (int64_t r = 0; r < whole_rows; r += S) {
     for (int64_t q = 0; q < whole_cols; q += S) {
-      transpose_block(w + r * cols + q, cols, t + q * rows + r, rows);
+      transpose_block(w + r * ld + q, ld, t + q * rows + r, rows);
     }
   }
   for (int64_t r = 0; r < rows; ++r) {  // the edges: columns past the last block, then rows
     for (int64_t q = r < whole_rows ? whole_cols : 0; q < cols; ++q) {
-      t[q * rows + r] = w[r * cols + q];
+      t[q * rows + r] = w[r * ld + q];
     }
   }
-  return t;
 }
 
 // `gemm_rows_invariant` (below) for a few rows given Bt = B^T [k, n]: lanes across B's rows,
@@ -475,8 +473,7 @@ void fill_rows(F* out, const F* vec, int64_t rows, int64_t width) {
 }
 
 // ------------------------------------------------------------------------------------------------
-// The LSTM controller's cell on a batch (`nn.LSTMCell`, gates reordered (i, f, o, g) by the Python
-// side so that the three sigmoids are one run).
+// The LSTM controller's cell on a batch (`nn.LSTMCell`, its gates in its order: i, f, g, o).
 // ------------------------------------------------------------------------------------------------
 
 // gates [B, 4C]: the pre-activations in, the activated gates out (kept for the backward);
@@ -485,16 +482,17 @@ template <typename F>
 void lstm_gates(F* gates, const F* c_prev, F* c_new, F* h_new, int64_t B, int64_t C) {
   for (int64_t b = 0; b < B; ++b) {
     F* g = gates + b * 4 * C;
-    map1(g, g, 3 * C, vsigmoid<F>);
-    map1(g + 3 * C, g + 3 * C, C, [](Vec<F> x) { return x.tanh(); });
+    map1(g, g, 2 * C, vsigmoid<F>);
+    map1(g + 2 * C, g + 2 * C, C, [](Vec<F> x) { return x.tanh(); });
+    map1(g + 3 * C, g + 3 * C, C, vsigmoid<F>);
     const F* cpb = c_prev + b * C;
     F* cnb = c_new + b * C;
     F* hnb = h_new + b * C;
 #pragma omp simd
-    for (int64_t u = 0; u < C; ++u) cnb[u] = g[C + u] * cpb[u] + g[u] * g[3 * C + u];
+    for (int64_t u = 0; u < C; ++u) cnb[u] = g[C + u] * cpb[u] + g[u] * g[2 * C + u];
     map1(hnb, cnb, C, [](Vec<F> x) { return x.tanh(); });
 #pragma omp simd
-    for (int64_t u = 0; u < C; ++u) hnb[u] *= g[2 * C + u];
+    for (int64_t u = 0; u < C; ++u) hnb[u] *= g[3 * C + u];
   }
 }
 
@@ -513,13 +511,13 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
     F* dcb = dc + b * C;
 #pragma omp simd
     for (int64_t u = 0; u < C; ++u) {
-      const F i = gt[u], f = gt[C + u], o = gt[2 * C + u], gg = gt[3 * C + u];
+      const F i = gt[u], f = gt[C + u], gg = gt[2 * C + u], o = gt[3 * C + u];
       const F d = dhb[u];
       const F dcu = dcb[u] + d * o * (F(1) - tc[u] * tc[u]);
       dg[u] = dcu * gg * i * (F(1) - i);
       dg[C + u] = dcu * cpb[u] * f * (F(1) - f);
-      dg[2 * C + u] = d * tc[u] * o * (F(1) - o);
-      dg[3 * C + u] = dcu * i * (F(1) - gg * gg);
+      dg[2 * C + u] = dcu * i * (F(1) - gg * gg);
+      dg[3 * C + u] = d * tc[u] * o * (F(1) - o);
       dcb[u] = dcu * f;
     }
   }
@@ -534,37 +532,53 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
 // Z = RM + C: the recurrent matmul's input [reads_{t-1}, h_{t-1}] per batch row.
 // ------------------------------------------------------------------------------------------------
 
-// For a batch of fewer than kFewRows, `controller_forward`'s weights transposed once a call (W_rh^T
-// [Z, 4C], W_p^T [C, P], into a thread's buffers), so that each step's matmuls put their lanes
-// across the weights' rows (`gemm_few_rows_t`); null for a larger batch.
+// The weights of a step's two matmuls, made once a call into a thread's buffers from the cell's
+// own (`Controller`): the recurrent W_rh = [W_ih[:, X:], W_hh] [4C, Z] over [reads, h], and the
+// head layer's W_p [P, C]; for a batch of fewer than kFewRows (unless `joined`, as the backward
+// asks) both transposed instead (W_rh^T [Z, 4C], W_p^T [C, P]), so that each step's matmuls put
+// their lanes across the weights' rows (`gemm_few_rows_t`). Null where not made.
 template <typename F>
-struct FewRowsWeights {
-  const F *wrh_t = nullptr, *wp_t = nullptr;
-  FewRowsWeights(int64_t B, int64_t C, int64_t RM, int64_t P, const F* wrh, const F* wp) {
-    if (B >= kFewRows) return;
+struct ControllerWeights {
+  const F *wrh = nullptr, *wrh_t = nullptr, *wp = nullptr, *wp_t = nullptr;
+  ControllerWeights(const CallSizes& c, int64_t RM, int64_t P, const F* wih, const F* whh,
+                    const F* wp_, bool joined) : wp(wp_) {
+    const int64_t G = c.G(), C = c.C, Z = RM + C, ld = c.X + RM;
     thread_local std::vector<F> wrh_buffer, wp_buffer;
-    wrh_t = transposed(wrh_buffer, 4 * C, RM + C, wrh);
-    wp_t = transposed(wp_buffer, P, C, wp);
+    wrh_buffer.resize(G * Z);
+    F* w = wrh_buffer.data();
+    if (joined || c.B >= kFewRows) {
+      for (int64_t g = 0; g < G; ++g) {
+        std::copy(wih + g * ld + c.X, wih + (g + 1) * ld, w + g * Z);
+        std::copy(whh + g * C, whh + (g + 1) * C, w + g * Z + RM);
+      }
+      wrh = w;
+      return;
+    }
+    transpose_into(w, G, RM, wih + c.X, ld);  // rows [0, RM) of W_rh^T
+    transpose_into(w + RM * G, G, C, whh, C);  // rows [RM, Z)
+    wrh_t = w;
+    wp_buffer.resize(P * C);
+    transpose_into(wp_buffer.data(), P, C, wp, C);
+    wp_t = wp_buffer.data();
   }
 };
 
 // z [B, Z] = [rprev, hprev]; act [B, 4C] = xpre_t + z W_rh^T, then the activated gates; c_new,
-// h [B, C]; raw [B, P] = bp + h W_p^T (`w`: those weights transposed for a batch of a few).
+// h [B, C]; raw [B, P] = bp + h W_p^T (`w`: those weights, or for a batch of a few transposed).
 template <typename F>
 void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rprev,
-                        const F* hprev, const F* xpre_t, const F* wrh, const F* wp,
-                        const FewRowsWeights<F>& w, const F* bp,
-                        const F* c_prev, F* c_new, F* z, F* act, F* h, F* raw) {
+                        const F* hprev, const F* xpre_t, const ControllerWeights<F>& w,
+                        const F* bp, const F* c_prev, F* c_new, F* z, F* act, F* h, F* raw) {
   const int64_t Z = RM + C, G = 4 * C;
   for (int64_t b = 0; b < B; ++b) {
     std::copy(rprev + b * RM, rprev + (b + 1) * RM, z + b * Z);
     std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + RM);
   }
   std::copy(xpre_t, xpre_t + B * G, act);
-  gemm_rows_invariant<F>(B, G, Z, z, wrh, act, w.wrh_t);
+  gemm_rows_invariant<F>(B, G, Z, z, w.wrh, act, w.wrh_t);
   lstm_gates(act, c_prev, c_new, h, B, C);
   fill_rows(raw, bp, B, P);
-  gemm_rows_invariant<F>(B, P, C, h, wp, raw, w.wp_t);
+  gemm_rows_invariant<F>(B, P, C, h, w.wp, raw, w.wp_t);
 }
 
 // `controller_forward` backward, from draw [B, P] (the head layer's outputs' gradient), dho

@@ -526,14 +526,13 @@ void forward(const View<F>& v, const Controller<F>& p) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW();
   Scratch<F> s(c);
-  const FewRowsWeights<F> few(B, C, RW, c.P, p.wrh, p.wp);
+  const ControllerWeights<F> w(c, RW, c.P, p.wih, p.whh, p.wp, false);
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
     F* raw = v.raw(st);
     controller_forward(B, C, RW, c.P, t == 0 ? p.reads0 : v.reads(t - 1),
-                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp,
-                       few, p.bp,
+                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), w, p.bp,
                        v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
     for (int64_t b = 0; b < B; ++b) {
       access(c, raw + b * c.P, v.state(s0, b), v.state(s1, b), v.reads(t) + b * RW,
@@ -543,10 +542,11 @@ void forward(const View<F>& v, const Controller<F>& p) {
 }
 
 template <typename F>
-void backward(const View<F>& v, const F* wrh, const F* wp, const F* dhs, const F* dreads_out,
-              Grads<F> g, F* dreads, F* dh, F* dc, F* dgates, F* draw) {
+void backward(const View<F>& v, const F* wih, const F* whh, const F* wp, const F* dhs,
+              const F* dreads_out, Grads<F> g, F* dreads, F* dh, F* dc, F* dgates, F* draw) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW(), N = c.N, W = c.W, R = c.R;
+  const ControllerWeights<F> w(c, RW, c.P, wih, whh, wp, true);
   Scratch<F> s(c);
   BackScratch<F> k(c);
   // The step's intermediates, recomputed from the state kept (the usage again into scratch).
@@ -566,7 +566,7 @@ void backward(const View<F>& v, const F* wrh, const F* wp, const F* dhs, const F
       access_backward(c, raw + b * c.P, prev, next, s, v.fwd(t, b), v.bwd(t, b), dr.data(), gb,
                       k, drw + b * c.P);
     }
-    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, wp, wrh, v.act(t), v.cell(t),
+    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, wp, w.wrh, v.act(t), v.cell(t),
                         v.cell(t + 1), dh, dc, dreads, dgates + t * B * c.G(), dhb.data(),
                         dz.data(), tc.data());
   }
@@ -593,7 +593,7 @@ void run_backward(const DNCCall* d, const uintptr_t* p) {
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Grads<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dlink), ptr(A::dprec), ptr(A::dwr),
              ptr(A::dww)};
-  backward<F>(v, arg<F>(p, A::wrh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
+  backward<F>(v, arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
               ptr(A::dreads0), ptr(A::dh), ptr(A::dc), ptr(A::dgates), ptr(A::draw));
 }
 

@@ -510,15 +510,14 @@ template <typename F>
 void forward(const View<F>& v, const Controller<F>& p, F* work) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
-  const FewRowsWeights<F> few(B, C, H * M, c.P, p.wrh, p.wp);
+  const ControllerWeights<F> w(c, H * M, c.P, p.wih, p.whh, p.wp, false);
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
     // Controller and head layer (common.h).
     F* raw = v.raw(st);
     controller_forward(B, C, H * M, c.P, t == 0 ? p.reads0 : v.reads(t - 1),
-                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), p.wrh, p.wp,
-                       few, p.bp,
+                       t == 0 ? p.h0 : v.hs(t - 1), p.xpre + t * B * c.G(), w, p.bp,
                        v.cell(s0), v.cell(s1), v.z(st), v.act(st), v.hs(t), raw);
     // Where every step's memory is kept, the step computes in two slots of work that stay in
     // cache, and its memory is streamed to the history (written in place, each step's new
@@ -560,10 +559,11 @@ struct Carried {
 // dhs [T, B, C] and dreads_out [T, B, H, M]: the gradients of each step's outputs; writes
 // dgates [T, B, 4C] (the LSTM's pre-activations) and draw [T, B, P] (the head layer's outputs).
 template <typename F>
-void backward(const View<F>& v, const F* wrh, const F* wp, const F* dhs, const F* dreads_out,
-              Carried<F>& g, F* dgates, F* draw) {
+void backward(const View<F>& v, const F* wih, const F* whh, const F* wp, const F* dhs,
+              const F* dreads_out, Carried<F>& g, F* dgates, F* draw) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
+  const ControllerWeights<F> w(c, H * M, c.P, wih, whh, wp, true);
   std::vector<F> dh(B * C), dz(B * c.Z()), tc(C), dr(B * H * M);
   for (int64_t t = c.T - 1; t >= 0; --t) {
     const F* dro = dreads_out + t * B * H * M;
@@ -587,7 +587,7 @@ void backward(const View<F>& v, const F* wrh, const F* wp, const F* dhs, const F
       }
     }
     // h_t feeds the outputs, the head layer and the next step's gates (common.h).
-    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, wp, wrh, v.act(t), v.cell(t),
+    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, wp, w.wrh, v.act(t), v.cell(t),
                         v.cell(t + 1), g.dh, g.dc, g.dreads, dgates + t * B * c.G(), dh.data(),
                         dz.data(), tc.data());
   }
@@ -615,7 +615,7 @@ void run_backward(const MANNCall* d, const uintptr_t* p) {
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Carried<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dwr), ptr(A::dreads0),
                ptr(A::dh),   ptr(A::dc),     ptr(A::dlu)};
-  backward<F>(v, arg<F>(p, A::wrh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
+  backward<F>(v, arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
               ptr(A::dgates), ptr(A::draw));
 }
 

@@ -35,13 +35,12 @@ from torch_ntm.engines.common import (  # what the engines share, here for their
     carried,
     eager_only,
     first_order_only,
-    lstm_gate_order,
     say_eager,
     say_once,
 )
 
 __all__ = ["DEVICES", "ENGINES", "LEGACY_ENGINES", "carried", "check_engine", "choose",
-           "eager_only", "first_order_only", "lstm_gate_order", "native",
+           "eager_only", "first_order_only", "native",
            "native_call", "prepare", "say_eager", "say_once"]
 
 ENGINES = ("auto", "native", "graphs", "eager")

@@ -46,10 +46,12 @@ class Buffer(NamedTuple):
 def _lstm_sizes(heads: str) -> list:
     """The sizes a call of the kernels of a one-layer LSTM with memory (the MANN's, the DNC's)
     starts with, as common.h's ``call_sizes`` reads them: T, B, C, the ``heads`` that read, the
-    memory's width and rows."""
+    memory's width and rows, and X, the controller's input width besides the reads (the columns
+    of its ``weight_ih`` before theirs)."""
     return [("steps", ctypes.c_int64), ("batch", ctypes.c_int64),  # T, B
             ("controller", ctypes.c_int64), (heads, ctypes.c_int64),  # C, the read heads
-            ("width", ctypes.c_int64), ("rows", ctypes.c_int64)]  # the memory's, and N
+            ("width", ctypes.c_int64), ("rows", ctypes.c_int64),  # the memory's, and N
+            ("inputs", ctypes.c_int64)]  # X
 
 
 def _lstm_buffers(reads: str) -> tuple[Buffer, ...]:
@@ -61,7 +63,7 @@ def _lstm_buffers(reads: str) -> tuple[Buffer, ...]:
             Buffer("hs", "steps", ("batch", "controller")),  # the LSTM's outputs
             # the recurrent matmul's input [reads, h] of the step before
             Buffer("z", "kept", ("batch", f"{reads} + controller")),
-            Buffer("act", "kept", ("batch", "4 * controller")))  # activated gates (i, f, o, g)
+            Buffer("act", "kept", ("batch", "4 * controller")))  # activated gates (i, f, g, o)
 
 
 def _field_tables(prefix: str, fields: tuple, activations: tuple[str, ...],
@@ -149,7 +151,7 @@ class NTMCall(Description):
         # LSTM), without h for feed-forward layers
         Buffer("z", "kept", ("batch", "(read_heads * width if layer == 0 else hidden) + lstm * "
                              "hidden"), per="layers"),
-        # the LSTMs' activated gates (i, f, o, g), or a feed-forward layer's output
+        # the LSTMs' activated gates (i, f, g, o), or a feed-forward layer's output
         Buffer("act", "kept", ("batch", "4 * hidden if lstm == 1 else hidden"), per="layers"),
     )
     # then, after the buffers, each layer's weights [G, in + C] (G = 4C for an LSTM, gates i, f,
@@ -192,11 +194,11 @@ class MANNCall(Description):
         Buffer("cos", "kept", ("batch", "heads", "rows")),  # cosine similarities
     )
     # work: [2, B, M, N], where every step's memory is kept, the last two steps' (unused else)
-    forward_args = ("xpre", "wrh", "wp", "bp", "h0", "reads0", "work")
+    forward_args = ("xpre", "wih", "whh", "wp", "bp", "h0", "reads0", "work")
     # the gradients of the outputs, those of the initial state (each carried in the state's: the
     # initial state's on return), then the outputs dgates and draw
-    backward_args = ("wrh", "wp", "dhs", "dreads", "dmem", "dusage", "dwr", "dreads0", "dh",
-                     "dc", "dlu", "dgates", "draw")
+    backward_args = ("wih", "whh", "wp", "dhs", "dreads", "dmem", "dusage", "dwr", "dreads0",
+                     "dh", "dc", "dlu", "dgates", "draw")
 
 
 class DNCCall(Description):
@@ -234,11 +236,11 @@ class DNCCall(Description):
         # the link matrices, the largest buffer (44 MB at N = 128, T = 41, B = 16)
         Buffer("link", "slots", ("batch", "rows", "rows"), blocks=True),
     )
-    forward_args = ("xpre", "wrh", "wp", "bp", "h0", "reads0")
+    forward_args = ("xpre", "wih", "whh", "wp", "bp", "h0", "reads0")
     # the gradients of the outputs, those of the initial state (each carried in the state's: the
     # initial state's on return), then the outputs dgates and draw
-    backward_args = ("wrh", "wp", "dhs", "dreads", "dmem", "dusage", "dlink", "dprec", "dwr",
-                     "dww", "dreads0", "dh", "dc", "dgates", "draw")
+    backward_args = ("wih", "whh", "wp", "dhs", "dreads", "dmem", "dusage", "dlink", "dprec",
+                     "dwr", "dww", "dreads0", "dh", "dc", "dgates", "draw")
 
     @staticmethod
     def why_not(model: nn.Module) -> str | None:

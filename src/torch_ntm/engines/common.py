@@ -1,6 +1,6 @@
 """What the engines share: saying things once, when only the eager loop can serve a call, a
 second derivative through a hand-written backward (by the model's own steps: `OwnSteps`), and
-the LSTM's layout in the kernels.
+an incoming gradient as a native backward takes it (`carried`).
 
 The chooser (`torch_ntm.engines`) and every engine (``ntm``, ``mann``, ``dnc``, ``graphs``)
 import it; it imports none of them.
@@ -16,7 +16,7 @@ import torch
 from torch import Tensor
 
 __all__ = ["DEVICES", "ModelFunction", "OwnSteps", "carried", "eager_only", "first_order_only",
-           "lstm_gate_order", "own_sequence", "say_eager", "say_once"]
+           "own_sequence", "say_eager", "say_once"]
 
 _log = logging.getLogger("torch_ntm.engines")
 # The device type of each engine that runs on one only; the others run on every device.
@@ -163,11 +163,3 @@ def carried(grad: Tensor | None, like: Tensor) -> Tensor:
         return torch.zeros_like(like)
     return grad.clone(memory_format=torch.contiguous_format)
 
-
-@functools.lru_cache
-def lstm_gate_order(hidden: int) -> Tensor:
-    """The rows of nn.LSTMCell's gates (i, f, g, o), ``4 * hidden`` of them, in the native
-    kernels' order (i, f, o, g: the three sigmoids one run, csrc/common.h's `lstm_gates`); one
-    tensor per size, shared (not to be written)."""
-    c = hidden
-    return torch.cat([torch.arange(2 * c), torch.arange(3 * c, 4 * c), torch.arange(2 * c, 3 * c)])

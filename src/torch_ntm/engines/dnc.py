@@ -27,7 +27,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from torch_ntm.engines.calls import DNCCall
-from torch_ntm.engines.lstm_memory import Spec, run
+from torch_ntm.engines.lstm_memory import Spec, controller_inputs, run
 from torch_ntm.layout import DNC_FIELDS
 from torch_ntm.states import DNCState
 
@@ -45,12 +45,13 @@ class _Config(NamedTuple):
     read_heads: int
     width: int
     rows: int
+    inputs: int  # X, the controller's input width besides the reads
     fields: int
     starts: tuple  # where each of `_FIELDS` starts
 
     def call(self, steps: int, batch: int, keep: bool) -> DNCCall:
         return DNCCall(steps, batch, self.controller, self.read_heads, self.width, self.rows,
-                       self.fields, *self.starts, int(keep))
+                       self.inputs, self.fields, *self.starts, int(keep))
 
 
 def _config(model: nn.Module) -> _Config:
@@ -59,8 +60,9 @@ def _config(model: nn.Module) -> _Config:
     for heads, width in layout.fields.values():  # DNC_FIELDS' order, as _FIELDS
         starts.append(start)
         start += heads * width
+    reads = model.read_heads * model.memory_width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
-                   model.memory_size, start, tuple(starts))
+                   model.memory_size, controller_inputs(model, reads), start, tuple(starts))
 
 
 # One write head's link, precedence and write weighting, without their head axis.

@@ -22,9 +22,9 @@ import torch
 from torch import Tensor
 
 from torch_ntm.engines import driver, library
-from torch_ntm.engines.common import OwnSteps, carried, lstm_gate_order
+from torch_ntm.engines.common import OwnSteps, carried
 
-__all__ = ["Spec", "run", "sequence"]
+__all__ = ["Spec", "controller_inputs", "run", "sequence"]
 
 
 class Spec(NamedTuple):
@@ -45,7 +45,7 @@ class Spec(NamedTuple):
     extras: Callable | None = None
 
 
-def _run_forward(spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep: bool):
+def _run_forward(spec: Spec, cfg, xpre, wih, whh, wp, bp, h0, c0, state, reads, keep: bool):
     """All steps from the initial state (in the buffers' layout): the call and its buffers,
     filled."""
     steps, batch = xpre.shape[:2]
@@ -57,33 +57,35 @@ def _run_forward(spec: Spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep:
             getattr(buf, name)[0].copy_(value)
         extra = spec.extras(buf, keep) if spec.extras else {}
     library.call(f"torch_ntm_{spec.entry}_forward", xpre.dtype, call, library.arguments(
-        call, "forward", dict(xpre=xpre, wrh=wrh, wp=wp, bp=bp, h0=h0, reads0=reads, **extra),
-        buf))
+        call, "forward", dict(xpre=xpre, wih=wih, whh=whh, wp=wp, bp=bp, h0=h0, reads0=reads,
+                              **extra), buf))
     return call, buf
 
 
 class _Driver(NamedTuple):
     """The steps after the LSTM's input side, before the output layer, for
-    `torch_ntm.engines.driver.NativeSequence`: from ``xpre [T, B, 4C]`` (gates i, f, o, g, biases
-    included), the recurrent weights ``wrh [4C, R W + C]`` of ``[reads, h]``, the head layer
-    (``wp``, ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`) and the reads
-    ``[B, R, W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the last step."""
+    `torch_ntm.engines.driver.NativeSequence`: from ``xpre [T, B, 4C]`` (the input side, biases
+    included), the LSTM cell's weights as it holds them (``wih [4C, X + R W]``, whose last R W
+    columns read the reads, ``whh [4C, C]``; gates i, f, g, o), the head layer (``wp``,
+    ``bp``), the initial ``h0, c0 [B, C]``, the state (`Spec.state`) and the reads ``[B, R,
+    W]``, to ``(hs [T, B, C], reads [T, B, R, W], c, *state)`` after the last step."""
 
     spec: Spec
     cfg: object  # the engine's call sizes
 
-    def forward(self, xpre, wrh, wp, bp, h0, c0, *rest):
+    def forward(self, xpre, wih, whh, wp, bp, h0, c0, *rest):
         spec = self.spec
-        call, buf = _run_forward(spec, self.cfg, xpre, wrh, wp, bp, h0, c0, rest[:-1], rest[-1],
-                                 keep=True)
+        call, buf = _run_forward(spec, self.cfg, xpre, wih, whh, wp, bp, h0, c0, rest[:-1],
+                                 rest[-1], keep=True)
         final = [getattr(buf, name)[-1].clone() for name in spec.state]
         fixed = [t for name, t in zip(spec.state, final) if name in spec.fixed]
         # hs and reads are returned as they are (saved, not views); the rest are copies
-        return call, buf, (wrh, wp), (buf.hs, buf.reads, buf.cell[-1].clone(), *final), fixed
+        return (call, buf, (wih, whh, wp), (buf.hs, buf.reads, buf.cell[-1].clone(), *final),
+                fixed)
 
     def backward(self, call, buf, kept, grads):
         spec, cfg = self.spec, self.cfg
-        (wrh, wp), (dhs, dreads, dc, *dstate) = kept, grads
+        (wih, whh, wp), (dhs, dreads, dc, *dstate) = kept, grads
         steps, batch = buf.hs.shape[:2]
         grads = dict(
             dhs=torch.zeros_like(buf.hs) if dhs is None else dhs.contiguous(),
@@ -96,44 +98,51 @@ class _Driver(NamedTuple):
             grads["d" + name] = (torch.empty_like(first) if name in spec.fixed
                                  else carried(grad, first))
         library.call(f"torch_ntm_{spec.entry}_backward", wp.dtype, call,
-                     library.arguments(call, "backward", dict(wrh=wrh, wp=wp, **grads), buf))
+                     library.arguments(call, "backward", dict(wih=wih, whh=whh, wp=wp, **grads),
+                                       buf))
         dgates, draw = grads["dgates"], grads["draw"]
-        # Weight gradients: one matmul over all T B rows each.
+        # Weight gradients: one matmul over all T B rows each; the input side's columns of wih
+        # have theirs from its own node (`_input_side`).
         dwrh = dgates.flatten(0, 1).t() @ buf.z.flatten(0, 1)
+        reads = wih.shape[1] - cfg.inputs
+        dwih = wih.new_zeros(wih.shape)
+        dwih[:, cfg.inputs:] = dwrh[:, :reads]
         dwp = draw.flatten(0, 1).t() @ buf.hs.flatten(0, 1)
-        return (dgates, dwrh, dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
+        return (dgates, dwih, dwrh[:, reads:], dwp, draw.sum((0, 1)), grads["dh"], grads["dc"],
                 *(grads["d" + name] for name in spec.state), grads["dreads0"])
 
 
-def sequence(spec: Spec, cfg, own: Callable, xpre: Tensor, wrh: Tensor, wp: Tensor, bp: Tensor,
-             h0: Tensor, c0: Tensor, state: tuple, reads: Tensor) -> tuple:
+def sequence(spec: Spec, cfg, own: Callable, xpre: Tensor, wih: Tensor, whh: Tensor, wp: Tensor,
+             bp: Tensor, h0: Tensor, c0: Tensor, state: tuple, reads: Tensor) -> tuple:
     """The steps (`_Driver`'s function; every input contiguous, the state in the buffers'
     layout): ``(hs, reads, c, final state)``, differentiable where gradients are enabled and an
     input requires them (``own()``: the `OwnSteps` a second derivative runs); else a forward
     that keeps two slots of state instead of every step's."""
-    inputs = (xpre, wrh, wp, bp, h0, c0, *state, reads)
+    inputs = (xpre, wih, whh, wp, bp, h0, c0, *state, reads)
     if torch.is_grad_enabled() and any(t.requires_grad for t in inputs):
         hs, all_reads, c, *final = driver.differentiable(_Driver(spec, cfg), own, *inputs)
         return hs, all_reads, c, final
-    _, buf = _run_forward(spec, cfg, xpre, wrh, wp, bp, h0, c0, state, reads, keep=False)
+    _, buf = _run_forward(spec, cfg, xpre, wih, whh, wp, bp, h0, c0, state, reads, keep=False)
     last = xpre.shape[0] % 2  # two slots of state: the final one in slot T % 2
     return (buf.hs, buf.reads, buf.cell[last],
             [getattr(buf, name)[last] for name in spec.state])
 
 
-def _input_side(name: str, model: torch.nn.Module, x: Tensor) -> tuple[Tensor, Tensor]:
+def controller_inputs(model: torch.nn.Module, reads: int) -> int:
+    """X, the width of what ``model``'s one-layer LSTM controller reads besides the ``reads``
+    (the columns of its ``weight_ih`` before theirs)."""
+    return model.controller.cells[0].weight_ih.shape[1] - reads
+
+
+def _input_side(name: str, model: torch.nn.Module, x: Tensor) -> Tensor:
     """The input side of every step of ``model``'s one-layer LSTM controller, which reads
-    ``[x_t, reads_{t-1}]``: ``xpre [T, B, 4C]`` (biases included) in one matmul (library
-    ``name``'s batch-invariant one, `_linear_rows`), and the weights of the rest, ``[4C, R W + C]``
-    over ``[reads, h]``, both with the gates in the kernels' order (`lstm_gate_order`), under
-    autograd. ``x`` is what the controller reads of the steps (a MANN's `encode` of its
-    input)."""
+    ``[x_t, reads_{t-1}]``: ``xpre [T, B, 4C]`` (biases included), in one matmul (library
+    ``name``'s batch-invariant one, `_linear_rows`) under autograd. ``x`` is what the
+    controller reads of the steps (a MANN's `encode` of its input). The kernels read the rest of
+    the cell's weights where it holds them, in its gates' order."""
     cell = model.controller.cells[0]
-    order = lstm_gate_order(model.controller_size)
-    n = x.shape[-1]
-    weight_ih = cell.weight_ih[order]
-    xpre = _linear_rows(name, x, weight_ih[:, :n], (cell.bias_ih + cell.bias_hh)[order])
-    return xpre.contiguous(), torch.cat([weight_ih[:, n:], cell.weight_hh[order]], 1)
+    xpre = _linear_rows(name, x, cell.weight_ih[:, :x.shape[-1]], cell.bias_ih + cell.bias_hh)
+    return xpre.contiguous()
 
 
 def _linear_rows(name: str, x: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -185,13 +194,15 @@ def run(spec: Spec, cfg, model: torch.nn.Module, x: Tensor, state,
         (`sequence`).
     """
     library.keep_freed_memory_once()
-    xpre, wrh = _input_side(spec.entry, model, x if read is None else read)
+    xpre = _input_side(spec.entry, model, x if read is None else read)
+    cell = model.controller.cells[0]
 
     def outputs(hs: Tensor, reads: Tensor, final) -> list:  # `_Driver`'s, of its own steps
         return [hs, reads, final.controller[1][0], *spec.kernel(final)]
 
     hs, reads, c, final = sequence(
-        spec, cfg, lambda: OwnSteps(model, x, state, outputs), xpre, wrh,
+        spec, cfg, lambda: OwnSteps(model, x, state, outputs), xpre,
+        cell.weight_ih.contiguous(), cell.weight_hh.contiguous(),
         model.head_params.weight.contiguous(), model.head_params.bias.contiguous(),
         state.controller[0][0].contiguous(), state.controller[1][0].contiguous(),
         tuple(t.contiguous() for t in spec.kernel(state)), state.reads.contiguous())

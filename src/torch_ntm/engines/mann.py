@@ -24,7 +24,7 @@ from typing import NamedTuple
 from torch import Tensor, nn
 
 from torch_ntm.engines.calls import MANNCall
-from torch_ntm.engines.lstm_memory import Spec, run
+from torch_ntm.engines.lstm_memory import Spec, controller_inputs, run
 from torch_ntm.layout import LRUA_FIELDS
 from torch_ntm.states import MANNState
 
@@ -38,13 +38,14 @@ class _Config(NamedTuple):
     heads: int
     width: int
     rows: int
+    inputs: int  # X, the controller's input width besides the reads
     fields: int  # Fw, each head's outputs of the head layer
     starts: tuple  # where each of `_FIELDS` starts among them (-1: absent)
     decay: float
 
     def call(self, steps: int, batch: int, keep: bool) -> MANNCall:
         return MANNCall(steps, batch, self.controller, self.heads, self.width, self.rows,
-                        self.fields, *self.starts, int(keep), self.decay)
+                        self.inputs, self.fields, *self.starts, int(keep), self.decay)
 
 
 # Each head's fields' names, in `torch_ntm.layout.LRUA_FIELDS` order: `MANNCall` has where each
@@ -57,9 +58,10 @@ def _config(model: nn.Module) -> _Config:
     for name, width in model.head_layout.fields.items():
         starts[name] = start
         start += width
+    reads = model.read_heads * model.memory_width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
-                   model.memory_size, start, tuple(starts.get(name, -1) for name in _FIELDS),
-                   model.usage_decay)
+                   model.memory_size, controller_inputs(model, reads), start,
+                   tuple(starts.get(name, -1) for name in _FIELDS), model.usage_decay)
 
 
 def _work(buf, keep: bool) -> dict:

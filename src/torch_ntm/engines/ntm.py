@@ -12,8 +12,8 @@ step, the output layer and the weight gradients are one matmul each over all ste
 ordinary autograd.
 
 The kernels read the head layer's rows permuted into one block per activation (`head_blocks`), so
-that one loop activates a kind of field of every head, and the LSTM's gates reordered (i, f, o, g),
-so that the three sigmoids are one run. Where each field of each head lies in those blocks is
+that one loop activates a kind of field of every head (the LSTMs' gates in `nn.LSTMCell`'s own
+order, i, f, g, o). Where each field of each head lies in those blocks is
 derived here from `torch_ntm.layout.HEAD_FIELDS` and handed to the kernels in the call's
 description (`NTMCall`), so the layout is described once. The model's eager step (`NTM._step`)
 is the specification: the same function, to float rounding. Shapes: B batch, C controller size,
@@ -32,7 +32,7 @@ from torch import Tensor, nn
 from torch_ntm.engines import driver, library
 from torch_ntm.engines.calls import NTM_BLOCKS as _BLOCKS
 from torch_ntm.engines.calls import NTMCall
-from torch_ntm.engines.common import OwnSteps, carried, lstm_gate_order
+from torch_ntm.engines.common import OwnSteps, carried
 from torch_ntm.layout import HEAD_FIELDS, HeadLayout
 from torch_ntm.states import NTMState
 
@@ -125,7 +125,6 @@ class _Plan(NamedTuple):
 
     cfg: _Config
     head_rows: _Rows  # rows of the head layer in `_BLOCKS` order
-    gate_rows: _Rows  # LSTMCell's gates (i, f, g, o) -> the kernels' (i, f, o, g)
 
 
 _PLANS: dict = {}
@@ -139,13 +138,12 @@ def _plan(model: nn.Module, device: torch.device) -> _Plan:
     if plan is None:
         blocks = head_blocks(model.head_layout)
         c = opt.controller_size
-        gate_perm = lstm_gate_order(c)
         beta_cap, gamma_cap = opt.caps
         cfg = _Config(lstm=opt.controller == "lstm", layers=opt.controller_layers, hidden=c,
                       read_heads=opt.read_heads, write_heads=opt.write_heads,
                       width=opt.memory_width, shifts=2 * opt.shift_range + 1, blocks=blocks,
                       beta_cap=beta_cap, gamma_cap=gamma_cap)
-        plan = _Plan(cfg, _Rows.of(blocks.perm.to(device)), _Rows.of(gate_perm.to(device)))
+        plan = _Plan(cfg, _Rows.of(blocks.perm.to(device)))
         _PLANS[key] = plan
     return plan
 
@@ -157,10 +155,8 @@ def _parameters(plan: _Plan, model: nn.Module, x: Tensor):
     n_in = model.input_size
     weights, biases = [], []
     if cfg.lstm:
-        gates = plan.gate_rows
         for layer, cell in enumerate(model.controller.cells):
-            w_ih, w_hh = gates(cell.weight_ih), gates(cell.weight_hh)
-            bias = gates(cell.bias_ih + cell.bias_hh)
+            w_ih, w_hh, bias = cell.weight_ih, cell.weight_hh, cell.bias_ih + cell.bias_hh
             if layer == 0:
                 xpre = F.linear(x, w_ih[:, :n_in], bias)
                 weights.append(torch.cat([w_ih[:, n_in:], w_hh], dim=1))
