@@ -238,12 +238,12 @@ template <typename F>
 inline F softplus_grad(F x) { return x > F(kSoftplusThreshold) ? F(1) : sigmoid(x); }
 
 // Row-major out[m, n] = A[m, k] B[k, n] + beta out, with A given as [k, m] if ta and B as [n, k]
-// if tb: BLAS's gemm where torch exports it (its MKL), else a plain loop.
-
+// if tb, each matrix's rows `ld*` apart: BLAS's gemm where torch exports it (its MKL), else a
+// plain loop.
 template <typename F>
-void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F* b, F beta,
-          F* out) {
-  const int im = m, in = n, ik = k, lda = ta ? m : k, ldb = tb ? k : n, ldc = n;
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, int64_t lda_,
+          const F* b, int64_t ldb_, F beta, F* out, int64_t ldc_) {
+  const int im = m, in = n, ik = k, lda = lda_, ldb = ldb_, ldc = ldc_;
   const F one = 1;
   // Column-major BLAS: out^T [n, m] = op(B)^T op(A)^T.
   const char* opa = ta ? "T" : "N";
@@ -258,11 +258,19 @@ void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F
     for (int64_t j = 0; j < n; ++j) {
       F acc = 0;
       for (int64_t q = 0; q < k; ++q) {
-        acc += (ta ? a[q * m + i] : a[i * k + q]) * (tb ? b[j * k + q] : b[q * n + j]);
+        acc += (ta ? a[q * lda + i] : a[i * lda + q]) * (tb ? b[j * ldb + q] : b[q * ldb + j]);
       }
-      out[i * n + j] = beta == F(0) ? acc : beta * out[i * n + j] + acc;  // as BLAS: 0 * NaN
+      F& o = out[i * ldc + j];
+      o = beta == F(0) ? acc : beta * o + acc;  // as BLAS: 0 * NaN
     }
   }
+}
+
+// `gemm` of whole matrices (each row as long as the matrix is wide).
+template <typename F>
+void gemm(bool ta, bool tb, int64_t m, int64_t n, int64_t k, const F* a, const F* b, F beta,
+          F* out) {
+  gemm(ta, tb, m, n, k, a, ta ? m : k, b, tb ? k : n, beta, out, n);
 }
 
 // Below this many rows `gemm_rows_invariant` puts its lanes across B's rows, not A's.
@@ -349,11 +357,12 @@ void transpose_into(F* t, int64_t rows, int64_t cols, const F* w, int64_t ld) {
 // `gemm_rows_invariant` (below) for a few rows given Bt = B^T [k, n]: lanes across B's rows,
 // each entry's steps the same; 8 vectors of a row at a time (then 4, then one).
 template <typename F>
-void gemm_few_rows_t(int64_t m, int64_t n, int64_t k, const F* a, const F* bt, F* out) {
+void gemm_few_rows_t(int64_t m, int64_t n, int64_t k, const F* a, int64_t lda, const F* bt,
+                     F* out) {
   using V = Vec<F>;
   constexpr int64_t W = V::size();
   for (int64_t i = 0; i < m; ++i) {
-    const F* ai = a + i * k;
+    const F* ai = a + i * lda;
     F* oi = out + i * n;
     int64_t j = 0;
     auto block = [&](auto vectors) {  // columns [j, j + BV W): BV accumulators in flight
@@ -383,21 +392,22 @@ void gemm_few_rows_t(int64_t m, int64_t n, int64_t k, const F* a, const F* bt, F
 // `gemm_rows_invariant` (below) for a few rows (a batch of 1 to 3) without B^T: each entry's
 // steps in scalars, 8 entries of a row at a time, B read in its own layout.
 template <typename F>
-void gemm_few_rows(int64_t m, int64_t n, int64_t k, const F* a, const F* b, F* out) {
+void gemm_few_rows(int64_t m, int64_t n, int64_t k, const F* a, int64_t lda, const F* b,
+                   int64_t ldb, F* out) {
   constexpr int64_t BJ = 8;
   for (int64_t i = 0; i < m; ++i) {
-    const F* ai = a + i * k;
+    const F* ai = a + i * lda;
     int64_t j0 = 0;
     for (; j0 + BJ <= n; j0 += BJ) {
       F acc[BJ] = {};
       for (int64_t q = 0; q < k; ++q) {
-        for (int64_t j = 0; j < BJ; ++j) acc[j] = lane_fmadd(ai[q], b[(j0 + j) * k + q], acc[j]);
+        for (int64_t j = 0; j < BJ; ++j) acc[j] = lane_fmadd(ai[q], b[(j0 + j) * ldb + q], acc[j]);
       }
       for (int64_t j = 0; j < BJ; ++j) out[i * n + j0 + j] += acc[j];
     }
     for (; j0 < n; ++j0) {
       F acc = 0;
-      for (int64_t q = 0; q < k; ++q) acc = lane_fmadd(ai[q], b[j0 * k + q], acc);
+      for (int64_t q = 0; q < k; ++q) acc = lane_fmadd(ai[q], b[j0 * ldb + q], acc);
       out[i * n + j0] += acc;
     }
   }
@@ -413,20 +423,22 @@ void gemm_few_rows(int64_t m, int64_t n, int64_t k, const F* a, const F* b, F* o
 // columns, or 1 x 8, keep 8 accumulators in flight), or, for fewer than kFewRows rows (a batch
 // of 1), across B's rows when the caller has B^T (`bt`, `gemm_few_rows_t`: the steps' weights,
 // transposed once a call) or else in scalars (`gemm_few_rows`), so that no lane is padding.
+// A's and B's rows are `lda` and `ldb` apart (B^T's rows n apart).
 template <typename F>
-void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* b, F* out,
-                         const F* bt = nullptr) {
+void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, int64_t lda, const F* b,
+                         int64_t ldb, F* out, const F* bt = nullptr) {
   using V = Vec<F>;
   constexpr int64_t W = V::size();
   if (m < kFewRows) {
-    return bt ? gemm_few_rows_t(m, n, k, a, bt, out) : gemm_few_rows(m, n, k, a, b, out);
+    return bt ? gemm_few_rows_t(m, n, k, a, lda, bt, out)
+              : gemm_few_rows(m, n, k, a, lda, b, ldb, out);
   }
   const int64_t mp = (m + W - 1) / W * W;
   thread_local std::vector<F> buffer;
   buffer.assign(k * mp, F(0));
   F* at = buffer.data();  // [k, mp]
   for (int64_t i = 0; i < m; ++i)
-    for (int64_t q = 0; q < k; ++q) at[q * mp + i] = a[i * k + q];
+    for (int64_t q = 0; q < k; ++q) at[q * mp + i] = a[i * lda + q];
   // Rows [i0, i0 + BI W) x columns [j0, j0 + BJ).
   auto block = [&](int64_t i0, int64_t j0, auto bi, auto bj) {
     constexpr int64_t BI = decltype(bi)::value, BJ = decltype(bj)::value;
@@ -437,7 +449,7 @@ void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* b
       V av[BI];
       for (int64_t i = 0; i < BI; ++i) av[i] = V::loadu(at + q * mp + i0 + i * W);
       for (int64_t j = 0; j < BJ; ++j) {
-        const V bv(b[(j0 + j) * k + q]);
+        const V bv(b[(j0 + j) * ldb + q]);
         for (int64_t i = 0; i < BI; ++i) acc[j][i] = fmadd(bv, av[i], acc[j][i]);
       }
     }
@@ -464,6 +476,13 @@ void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* b
   int64_t i = 0;
   for (; i + 2 * W <= mp; i += 2 * W) columns(i, Two{}, Four{});
   for (; i < mp; i += W) columns(i, One{}, Eight{});
+}
+
+// `gemm_rows_invariant` of whole matrices (rows as long as they are wide).
+template <typename F>
+void gemm_rows_invariant(int64_t m, int64_t n, int64_t k, const F* a, const F* b, F* out,
+                         const F* bt = nullptr) {
+  gemm_rows_invariant(m, n, k, a, k, b, k, out, bt);
 }
 
 // Rows [0, rows) of out [rows, width] set to the row `vec` [width].
@@ -532,39 +551,36 @@ void lstm_gates_backward(const F* gates, const F* c_prev, const F* c_new, const 
 // Z = RM + C: the recurrent matmul's input [reads_{t-1}, h_{t-1}] per batch row.
 // ------------------------------------------------------------------------------------------------
 
-// The weights of a step's two matmuls, made once a call into a thread's buffers from the cell's
-// own (`Controller`): the recurrent W_rh = [W_ih[:, X:], W_hh] [4C, Z] over [reads, h], and the
-// head layer's W_p [P, C]; for a batch of fewer than kFewRows (unless `joined`, as the backward
-// asks) both transposed instead (W_rh^T [Z, 4C], W_p^T [C, P]), so that each step's matmuls put
-// their lanes across the weights' rows (`gemm_few_rows_t`). Null where not made.
+// The weights of a step's two matmuls where the cell holds them (`Controller`): the recurrent
+// W_rh = [W_r, W_hh] [4C, Z] over [reads, h] read as its two parts, W_r = W_ih[:, X:] (rows
+// X + RM apart) and W_hh [4C, C], and the head layer's W_p [P, C]; for a batch of fewer than
+// kFewRows also transposed once a call, into a thread's buffers (W_r^T [RM, 4C] then W_hh^T
+// [C, 4C], and W_p^T [C, P]; null else), so that each step's matmuls put their lanes across the
+// weights' rows (`gemm_few_rows_t`).
 template <typename F>
 struct ControllerWeights {
-  const F *wrh = nullptr, *wrh_t = nullptr, *wp = nullptr, *wp_t = nullptr;
-  ControllerWeights(const CallSizes& c, int64_t RM, int64_t P, const F* wih, const F* whh,
-                    const F* wp_, bool joined) : wp(wp_) {
-    const int64_t G = c.G(), C = c.C, Z = RM + C, ld = c.X + RM;
+  const F *wr, *whh, *wp;
+  int64_t ld;  // W_r's row stride
+  const F *wrh_t = nullptr, *wp_t = nullptr;
+  ControllerWeights(const CallSizes& c, int64_t RM, int64_t P, const F* wih, const F* whh_,
+                    const F* wp_, bool transpose)
+      : wr(wih + c.X), whh(whh_), wp(wp_), ld(c.X + RM) {
+    if (!transpose || c.B >= kFewRows) return;
+    const int64_t G = c.G(), C = c.C;
     thread_local std::vector<F> wrh_buffer, wp_buffer;
-    wrh_buffer.resize(G * Z);
-    F* w = wrh_buffer.data();
-    if (joined || c.B >= kFewRows) {
-      for (int64_t g = 0; g < G; ++g) {
-        std::copy(wih + g * ld + c.X, wih + (g + 1) * ld, w + g * Z);
-        std::copy(whh + g * C, whh + (g + 1) * C, w + g * Z + RM);
-      }
-      wrh = w;
-      return;
-    }
-    transpose_into(w, G, RM, wih + c.X, ld);  // rows [0, RM) of W_rh^T
-    transpose_into(w + RM * G, G, C, whh, C);  // rows [RM, Z)
-    wrh_t = w;
+    wrh_buffer.resize(G * (RM + C));
+    transpose_into(wrh_buffer.data(), G, RM, wr, ld);
+    transpose_into(wrh_buffer.data() + RM * G, G, C, whh, C);
+    wrh_t = wrh_buffer.data();
     wp_buffer.resize(P * C);
     transpose_into(wp_buffer.data(), P, C, wp, C);
     wp_t = wp_buffer.data();
   }
 };
 
-// z [B, Z] = [rprev, hprev]; act [B, 4C] = xpre_t + z W_rh^T, then the activated gates; c_new,
-// h [B, C]; raw [B, P] = bp + h W_p^T (`w`: those weights, or for a batch of a few transposed).
+// z [B, Z] = [rprev, hprev]; act [B, 4C] = xpre_t + z W_rh^T (summed over the reads' columns,
+// then over h's: the same two sums whatever the batch), then the activated gates; c_new, h [B,
+// C]; raw [B, P] = bp + h W_p^T.
 template <typename F>
 void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rprev,
                         const F* hprev, const F* xpre_t, const ControllerWeights<F>& w,
@@ -575,31 +591,31 @@ void controller_forward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* rp
     std::copy(hprev + b * C, hprev + (b + 1) * C, z + b * Z + RM);
   }
   std::copy(xpre_t, xpre_t + B * G, act);
-  gemm_rows_invariant<F>(B, G, Z, z, w.wrh, act, w.wrh_t);
+  gemm_rows_invariant<F>(B, G, RM, z, Z, w.wr, w.ld, act, w.wrh_t);
+  gemm_rows_invariant<F>(B, G, C, z + RM, Z, w.whh, C, act, w.wrh_t ? w.wrh_t + RM * G : nullptr);
   lstm_gates(act, c_prev, c_new, h, B, C);
   fill_rows(raw, bp, B, P);
-  gemm_rows_invariant<F>(B, P, C, h, w.wp, raw, w.wp_t);
+  gemm_rows_invariant<F>(B, P, C, h, C, w.wp, C, raw, w.wp_t);
 }
 
 // `controller_forward` backward, from draw [B, P] (the head layer's outputs' gradient), dho
 // [B, C] (h's, from the outputs) and the carried dh, dc, dreads [B, C], [B, C], [B, RM] (those
 // of h_t, c_t and the reads r_t from the steps after; replaced in place by those of step t - 1):
-// writes dgates [B, 4C]. act, c_prev, c_new: the forward's; dh [B C], dz [B Z], tc [C]: scratch.
+// writes dgates [B, 4C]. w: the weights (`ControllerWeights`, untransposed); act, c_prev, c_new:
+// the forward's; dh [B C], tc [C]: scratch.
 template <typename F>
 void controller_backward(int64_t B, int64_t C, int64_t RM, int64_t P, const F* draw,
-                         const F* dho, const F* wp, const F* wrh, const F* act, const F* c_prev,
-                         const F* c_new, F* dh_carried, F* dc, F* dreads, F* dgates, F* dh,
-                         F* dz, F* tc) {
-  const int64_t Z = RM + C, G = 4 * C;
+                         const F* dho, const ControllerWeights<F>& w, const F* act,
+                         const F* c_prev, const F* c_new, F* dh_carried, F* dc, F* dreads,
+                         F* dgates, F* dh, F* tc) {
+  const int64_t G = 4 * C;
 #pragma omp simd
   for (int64_t e = 0; e < B * C; ++e) dh[e] = dho[e] + dh_carried[e];
-  gemm<F>(false, false, B, C, P, draw, wp, F(1), dh);  // += draw W_p
+  gemm<F>(false, false, B, C, P, draw, w.wp, F(1), dh);  // += draw W_p
   lstm_gates_backward(act, c_prev, c_new, dh, dc, dgates, tc, B, C);
-  gemm<F>(false, false, B, Z, G, dgates, wrh, F(0), dz);  // [dreads, dh] of step t - 1
-  for (int64_t b = 0; b < B; ++b) {
-    std::copy(dz + b * Z, dz + b * Z + RM, dreads + b * RM);
-    std::copy(dz + b * Z + RM, dz + (b + 1) * Z, dh_carried + b * C);
-  }
+  // The reads' and h's gradients of step t - 1: dgates [W_r, W_hh].
+  gemm<F>(false, false, B, RM, G, dgates, G, w.wr, w.ld, F(0), dreads, RM);
+  gemm<F>(false, false, B, C, G, dgates, G, w.whh, C, F(0), dh_carried, C);
 }
 
 }  // namespace torch_ntm

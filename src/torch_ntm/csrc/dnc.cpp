@@ -526,7 +526,7 @@ void forward(const View<F>& v, const Controller<F>& p) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW();
   Scratch<F> s(c);
-  const ControllerWeights<F> w(c, RW, c.P, p.wih, p.whh, p.wp, false);
+  const ControllerWeights<F> w(c, RW, c.P, p.wih, p.whh, p.wp, true);
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
@@ -546,12 +546,12 @@ void backward(const View<F>& v, const F* wih, const F* whh, const F* wp, const F
               const F* dreads_out, Grads<F> g, F* dreads, F* dh, F* dc, F* dgates, F* draw) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, RW = c.RW(), N = c.N, W = c.W, R = c.R;
-  const ControllerWeights<F> w(c, RW, c.P, wih, whh, wp, true);
+  const ControllerWeights<F> w(c, RW, c.P, wih, whh, wp, false);
   Scratch<F> s(c);
   BackScratch<F> k(c);
   // The step's intermediates, recomputed from the state kept (the usage again into scratch).
   std::vector<F> usage(N), dr(RW);
-  std::vector<F> dhb(B * C), dz(B * (RW + C)), tc(C);
+  std::vector<F> dhb(B * C), tc(C);
   for (int64_t t = c.T - 1; t >= 0; --t) {
     const F* raw = v.raw(t);
     F* drw = draw + t * B * c.P;
@@ -566,9 +566,9 @@ void backward(const View<F>& v, const F* wih, const F* whh, const F* wp, const F
       access_backward(c, raw + b * c.P, prev, next, s, v.fwd(t, b), v.bwd(t, b), dr.data(), gb,
                       k, drw + b * c.P);
     }
-    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, wp, w.wrh, v.act(t), v.cell(t),
+    controller_backward(B, C, RW, c.P, drw, dhs + t * B * C, w, v.act(t), v.cell(t),
                         v.cell(t + 1), dh, dc, dreads, dgates + t * B * c.G(), dhb.data(),
-                        dz.data(), tc.data());
+                        tc.data());
   }
 }
 

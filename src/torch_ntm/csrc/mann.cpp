@@ -510,7 +510,7 @@ template <typename F>
 void forward(const View<F>& v, const Controller<F>& p, F* work) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
-  const ControllerWeights<F> w(c, H * M, c.P, p.wih, p.whh, p.wp, false);
+  const ControllerWeights<F> w(c, H * M, c.P, p.wih, p.whh, p.wp, true);
   for (int64_t t = 0; t < c.T; ++t) {
     const int64_t s0 = c.keep_all ? t : t % 2, s1 = c.keep_all ? t + 1 : (t + 1) % 2;
     const int64_t st = c.keep_all ? t : 0;
@@ -563,8 +563,8 @@ void backward(const View<F>& v, const F* wih, const F* whh, const F* wp, const F
               const F* dreads_out, Carried<F>& g, F* dgates, F* draw) {
   const Cfg& c = v.c;
   const int64_t B = c.B, C = c.C, H = c.H, M = c.M, N = c.N;
-  const ControllerWeights<F> w(c, H * M, c.P, wih, whh, wp, true);
-  std::vector<F> dh(B * C), dz(B * c.Z()), tc(C), dr(B * H * M);
+  const ControllerWeights<F> w(c, H * M, c.P, wih, whh, wp, false);
+  std::vector<F> dh(B * C), tc(C), dr(B * H * M);
   for (int64_t t = c.T - 1; t >= 0; --t) {
     const F* dro = dreads_out + t * B * H * M;
 #pragma omp simd
@@ -587,9 +587,9 @@ void backward(const View<F>& v, const F* wih, const F* whh, const F* wp, const F
       }
     }
     // h_t feeds the outputs, the head layer and the next step's gates (common.h).
-    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, wp, w.wrh, v.act(t), v.cell(t),
+    controller_backward(B, C, H * M, c.P, drw, dhs + t * B * C, w, v.act(t), v.cell(t),
                         v.cell(t + 1), g.dh, g.dc, g.dreads, dgates + t * B * c.G(), dh.data(),
-                        dz.data(), tc.data());
+                        tc.data());
   }
 }
 
