@@ -218,3 +218,21 @@ def test_every_script_answers_help_with_its_usage(script):
         result = _call(script)
         assert result.returncode == 2 and "the following arguments are required: RUN" in \
             result.stderr
+
+
+@pytest.mark.slow  # two measuring processes, ~15 s
+def test_ab_calls_times_every_model_of_each_tree():
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    out = _run("ab_calls.py", f"one={src}", f"two={src}", "--rounds", "1", "--core", "-1")
+    assert "| model | batch | one | two | one / two |" in out
+    rows = re.findall(r"^\| (NTM|MANN|DNC) \| (1|16) \| (.+) \|$", out, re.M)
+    assert [(m, b) for m, b, _ in rows] == [(m, b) for m in ("NTM", "MANN", "DNC")
+                                            for b in ("1", "16")]
+    for _, _, cells in rows:  # each tree's time (training, inference), then the ratio
+        numbers = [float(v) for v in re.findall(r"[\d.]+", cells)]
+        assert len(numbers) == 6 and all(v > 0 for v in numbers), cells
+
+
+def test_ab_calls_refuses_a_missing_tree(tmp_path):
+    result = _call("ab_calls.py", f"one={tmp_path / 'nowhere'}", f"two={tmp_path}")
+    assert result.returncode == 2 and "each SRC a tree's src folder" in result.stderr
