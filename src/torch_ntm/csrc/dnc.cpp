@@ -62,11 +62,7 @@ Cfg config(const DNCCall& d) {
   if (c.R < 1 || c.W < 1) {
     throw std::invalid_argument("dnc: invalid sizes");
   }
-  int64_t start[std::size(kDncSize)];
-  start[DNC_READ_KEY] = c.rkey, start[DNC_READ_STRENGTH] = c.rstr, start[DNC_WRITE_KEY] = c.wkey;
-  start[DNC_WRITE_STRENGTH] = c.wstr, start[DNC_ERASE] = c.erase, start[DNC_WRITE_VECTOR] = c.wvec;
-  start[DNC_FREE_GATE] = c.free, start[DNC_ALLOCATION_GATE] = c.agate;
-  start[DNC_WRITE_GATE] = c.wgate, start[DNC_READ_MODE] = c.modes;
+  const auto start = dnc_starts(d);  // by field, in the table's order
   std::vector<std::pair<int64_t, int64_t>> spans;  // (start, width) of each field
   for (size_t f = 0; f < std::size(kDncSize); ++f) {
     const int64_t width = kDncSize[f] == DNC_WIDTH ? c.W : kDncSize[f] == DNC_ONE ? 1 : 3;

@@ -56,9 +56,7 @@ Cfg config(const MANNCall& d) {
   if (c.H < 1 || c.M < 1 || c.N < c.H) {
     throw std::invalid_argument("mann: invalid sizes");
   }
-  int64_t start[std::size(kMannSize)];
-  start[MANN_KEY] = c.o_key, start[MANN_ALPHA] = c.o_alpha, start[MANN_ADD] = c.o_add;
-  start[MANN_BETA] = c.o_beta;
+  const auto start = mann_starts(d);  // by field, in the table's order
   std::vector<std::pair<int64_t, int64_t>> spans;  // (start, width) of each field present
   for (size_t f = 0; f < std::size(kMannSize); ++f) {
     if (start[f] >= 0) spans.emplace_back(start[f], kMannSize[f] == MANN_WIDTH ? c.M : 1);

@@ -85,6 +85,14 @@ def _field_tables(prefix: str, fields: tuple, activations: tuple[str, ...],
             enum("Size", sizes), table("Size", "size"), table("Activation", "activation")]
 
 
+def _field_starts(prefix: str, call: str, fields: tuple) -> str:
+    """C++ of ``{prefix.lower()}_starts(call)``: where a call (of struct ``call``, whose fields
+    are named after the head fields) puts each head field, in the table's order (`_field_tables`'
+    enum indexes it)."""
+    return (f"inline std::array<int64_t, {len(fields)}> {prefix.lower()}_starts(const {call}& d) "
+            "{\n  return {" + ", ".join(f"d.{f.name}" for f in fields) + "};\n}")
+
+
 class Description(ctypes.Structure):
     """The static sizes of a kernel call: subclasses declare ``_fields_`` of ``c_int64``,
     ``c_double`` and fixed arrays of them, and may add C++ declarations the struct's readers need
@@ -93,6 +101,7 @@ class Description(ctypes.Structure):
     csrc/ with the kernels that take it (several compile on several cores)."""
 
     cpp: str = ""
+    cpp_after: str = ""  # C++ declarations after the struct (that read it)
     name: str = ""
     sources: tuple[str, ...] = ()
     # Where a call passes its buffers (`Buffer`) rather than a layout of its own: the table, in
@@ -182,6 +191,7 @@ class MANNCall(Description):
     # mann.cpp checks against what it implements.
     cpp = "\n".join(_field_tables("MANN", LRUA_FIELDS, ("tanh", "sigmoid", "softplus"),
                                   ("width", "one")))
+    cpp_after = _field_starts("MANN", "MANNCall", LRUA_FIELDS)
     buffers = (
         *_lstm_buffers("heads * width"),
         Buffer("mem", "slots", ("batch", "width", "rows")),  # memory, transposed
@@ -222,6 +232,7 @@ class DNCCall(Description):
                        ("width", "one", "modes")),
         "constexpr bool kDncReadHeads[] = {" + ", ".join(
             "true" if f.heads == "read" else "false" for f in DNC_FIELDS) + "};"])
+    cpp_after = _field_starts("DNC", "DNCCall", DNC_FIELDS)
     buffers = (
         *_lstm_buffers("read_heads * width"),
         Buffer("mem", "slots", ("batch", "rows", "width")),
