@@ -40,7 +40,7 @@ def _evaluated(name: str):
 @pytest.mark.slow  # a Python process each, ~5 s in CI
 @pytest.mark.parametrize("script", ["sort_precision.py", "repeat_copy_loops.py",
                                     "repeat_copy_count.py", "recall_errors.py",
-                                    "graph_errors.py"])
+                                    "graph_errors.py", "ngrams_memory.py"])
 @pytest.mark.parametrize(("run", "message"), [
     ("no-such-run", "no such checkpoint"),
     (str(pretrained.path("copy")), "is a 'copy' run; this script reads"),
@@ -236,3 +236,24 @@ def test_ab_calls_times_every_model_of_each_tree():
 def test_ab_calls_refuses_a_missing_tree(tmp_path):
     result = _call("ab_calls.py", f"one={tmp_path / 'nowhere'}", f"two={tmp_path}")
     assert result.returncode == 2 and "each SRC a tree's src folder" in result.stderr
+
+
+@pytest.mark.slow  # the shipped n-grams model on 40 sequences and their eager trace
+def test_ngrams_memory_splits_the_cost_by_count_and_describes_each_head():
+    out = _run("ngrams_memory.py", str(pretrained.path("ngrams")), "--sequences", "40")
+    total = re.search(r"40 sequences of 200 bits: ([\d.]+) bits a sequence, the optimum "
+                      r"([\d.]+) \(([+-][\d.]+)%\)", out)
+    assert total, out
+    model, optimum, above = (float(v) for v in total.groups())
+    assert model > optimum and abs(100 * (model / optimum - 1) - above) < 0.01
+    rows = re.findall(r"^\s+(\S+) \|\s+([\d.]+)% \| ([\d.]+) \(([\d.]+)\)\s+\| ([+-][\d.]+)$",
+                      out, re.M)
+    assert [r[0] for r in rows] == ["0-0", "1-1", "2-3", "4-7", "8-15", "16+"]
+    assert abs(sum(float(r[1]) for r in rows) - 100) < 0.5  # the bins cover every scored step
+    assert float(rows[0][3]) == 1.0  # a context never seen: the optimum predicts 1/2
+    # the bins' excess adds up to the total's (bits a sequence)
+    assert abs(sum(float(r[4]) for r in rows) - (model - optimum)) < 0.01
+    heads = re.findall(r"^(read|write) head 0: ([\d.]+) rows used of 128, largest weight "
+                       r"([\d.]+), purity ([\d.]+)$", out, re.M)
+    assert [h[0] for h in heads] == ["read", "write"]
+    assert all(0 < float(h[2]) <= 1 and 0 < float(h[3]) <= 1 for h in heads)
