@@ -589,8 +589,9 @@ void run_backward(const DNCCall* d, const uintptr_t* p) {
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Grads<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dlink), ptr(A::dprec), ptr(A::dwr),
              ptr(A::dww)};
-  backward<F>(v, arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
-              ptr(A::dreads0), ptr(A::dh), ptr(A::dc), ptr(A::dgates), ptr(A::draw));
+  backward<F>(v, arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp), ptr(A::dhs),
+              ptr(A::dreads), g, ptr(A::dreads0), ptr(A::dh), ptr(A::dc), ptr(A::dgates),
+              ptr(A::draw));
 }
 
 }  // namespace dnc

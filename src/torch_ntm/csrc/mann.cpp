@@ -31,7 +31,6 @@ struct Cfg : CallSizes {
   int64_t H, M, P, Fw, o_key, o_alpha, o_add, o_beta;
   double gamma;  // usage decay
 
-  int64_t Z() const { return H * M + C; }  // the recurrent matmul's input [reads, h]
   int64_t key(int64_t k) const { return k * Fw + o_key; }
   int64_t alpha(int64_t k) const { return k * Fw + o_alpha; }
   int64_t add(int64_t k) const { return k * Fw + (o_add < 0 ? o_key : o_add); }  // or the key's
@@ -613,8 +612,8 @@ void run_backward(const MANNCall* d, const uintptr_t* p) {
   auto ptr = [&](size_t i) { return reinterpret_cast<F*>(p[i]); };
   Carried<F> g{ptr(A::dmem), ptr(A::dusage), ptr(A::dwr), ptr(A::dreads0),
                ptr(A::dh),   ptr(A::dc),     ptr(A::dlu)};
-  backward<F>(v, arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp), ptr(A::dhs), ptr(A::dreads), g,
-              ptr(A::dgates), ptr(A::draw));
+  backward<F>(v, arg<F>(p, A::wih), arg<F>(p, A::whh), arg<F>(p, A::wp), ptr(A::dhs),
+              ptr(A::dreads), g, ptr(A::dgates), ptr(A::draw));
 }
 
 }  // namespace lrua

@@ -60,9 +60,8 @@ def _config(model: nn.Module) -> _Config:
     for heads, width in layout.fields.values():  # DNC_FIELDS' order, as _FIELDS
         starts.append(start)
         start += heads * width
-    reads = model.read_heads * model.memory_width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
-                   model.memory_size, controller_inputs(model, reads), start, tuple(starts))
+                   model.memory_size, controller_inputs(model), start, tuple(starts))
 
 
 # One write head's link, precedence and write weighting, without their head axis.

@@ -128,9 +128,10 @@ def sequence(spec: Spec, cfg, own: Callable, xpre: Tensor, wih: Tensor, whh: Ten
             [getattr(buf, name)[last] for name in spec.state])
 
 
-def controller_inputs(model: torch.nn.Module, reads: int) -> int:
-    """X, the width of what ``model``'s one-layer LSTM controller reads besides the ``reads``
-    (the columns of its ``weight_ih`` before theirs)."""
+def controller_inputs(model: torch.nn.Module) -> int:
+    """X, the width of what ``model``'s one-layer LSTM controller reads besides its read heads'
+    reads (the columns of its ``weight_ih`` before theirs)."""
+    reads = model.read_heads * model.memory_width
     return model.controller.cells[0].weight_ih.shape[1] - reads
 
 

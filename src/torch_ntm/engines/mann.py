@@ -58,9 +58,8 @@ def _config(model: nn.Module) -> _Config:
     for name, width in model.head_layout.fields.items():
         starts[name] = start
         start += width
-    reads = model.read_heads * model.memory_width
     return _Config(model.controller_size, model.read_heads, model.memory_width,
-                   model.memory_size, controller_inputs(model, reads), start,
+                   model.memory_size, controller_inputs(model), start,
                    tuple(starts.get(name, -1) for name in _FIELDS), model.usage_decay)
 
 
