@@ -24,35 +24,19 @@ from torch_ntm.tasks import NGramsTask
 BINS = ((0, 0), (1, 1), (2, 3), (4, 7), (8, 15), (16, None))
 
 
-def contexts(task: NGramsTask, bits: torch.Tensor) -> torch.Tensor:
-    """``[T, B]`` the context of each step's target (the task's index: newest bit least
-    significant), from the input bits ``[T, B]``."""
-    context = torch.zeros(bits.shape, dtype=torch.long)
-    for j in range(task.order - 1):
-        context[j:] += bits[: bits.shape[0] - j] << j
-    return context
-
-
 def cost_by_count(model, task: NGramsTask, sequences: int, generator) -> list:
     """Per bin of `BINS`: ``(share of scored steps, model bits a step, optimum bits a step)``."""
     totals = torch.zeros(len(BINS), 3, dtype=torch.float64)
     for start in range(0, sequences, 500):
-        inputs, targets, mask = task.sample(min(500, sequences - start), generator)
+        batch = task.sample(min(500, sequences - start), generator)
         with torch.no_grad():
-            logits, _ = model(inputs)
-        y = targets[..., 0].double()
+            logits, _ = model(batch.inputs)
+        y = batch.targets[..., 0].double()
         p = torch.sigmoid(logits[..., 0].double())
         model_bits = -torch.log2(torch.where(y > 0.5, p, 1 - p))
-        context = contexts(task, inputs[..., 0].long())
-        scored = torch.nn.functional.one_hot(context, 2 ** (task.order - 1)).double()
-        scored = scored * mask.unsqueeze(-1)
-        before = (scored.cumsum(0) - scored).gather(-1, context.unsqueeze(-1))[..., 0]
-        ones = scored * y.unsqueeze(-1)
-        ones_before = (ones.cumsum(0) - ones).gather(-1, context.unsqueeze(-1))[..., 0]
-        p_one = (ones_before + 0.5) / (before + 1)  # the optimum (`NGramsTask.reference_cost`)
-        optimum_bits = -torch.log2(torch.where(y > 0.5, p_one, 1 - p_one))
+        optimum_bits, before = task.reference_steps(batch)
         for i, (low, high) in enumerate(BINS):
-            sel = mask & (before >= low) & (before <= (high if high is not None else before))
+            sel = batch.mask & (before >= low) & (before <= (high if high is not None else before))
             totals[i] += torch.stack([sel.sum(), model_bits[sel].sum(), optimum_bits[sel].sum()])
     steps = totals[:, 0].sum()
     return [(n / steps, m / n, o / n) for n, m, o in totals.tolist()]
@@ -93,7 +77,7 @@ def main() -> None:
     inputs, _, mask = task.sample(min(200, args.sequences), torch.Generator().manual_seed(2000))
     with torch.no_grad():
         _, _, trace = model.trace(inputs)
-    context = contexts(task, inputs[..., 0].long())
+    context = task.contexts(inputs[..., 0])
     for kind, weights in (("read", trace.read_weights), ("write", trace.write_weights)):
         for h in range(weights.shape[2]):
             used, largest, purity = head_use(weights[:, :, h], context, mask)

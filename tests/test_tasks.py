@@ -632,3 +632,23 @@ def test_reference_cost_beats_a_fair_coin():
     assert batch.mask.sum(0).tolist() == [195] * 64
     assert per_bit.mean() < 0.8  # predicting 1/2 always costs exactly 1 bit per step
     assert per_bit.max() < 1.1
+
+
+@pytest.mark.parametrize("order, length", [(6, 200), (3, 40)])
+def test_reference_steps_count_each_context_as_a_python_loop_does(order, length):
+    task = NGramsTask(order=order, length=length)
+    batch = task.sample(4, _gen(order + 10))
+    steps, seen = task.reference_steps(batch)
+    torch.testing.assert_close(steps.sum(0).float(), task.reference_cost(batch))
+    assert torch.equal(steps[~batch.mask], torch.zeros_like(steps[~batch.mask]))
+    bits = _ngram_bits(batch).int().T.tolist()
+    contexts = task.contexts(batch.inputs[..., 0])
+    for b, seq in enumerate(bits):
+        counts = {}
+        for i in range(order - 1, len(seq)):  # bit i is the target of step i - 1
+            context = tuple(seq[i - order + 1:i])
+            assert seen[i - 1, b] == counts.get(context, 0), (b, i)
+            counts[context] = counts.get(context, 0) + 1
+            # the context's index as the task's table has it: newest bit least significant
+            assert contexts[i - 1, b] == sum(
+                bit << j for j, bit in enumerate(reversed(context)))

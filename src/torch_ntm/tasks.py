@@ -421,6 +421,13 @@ class NGramsTask(Task):
             batch: a `Batch` of this task (inputs/targets ``[T, B, 1]``, mask ``[T, B]``).
             batch_first: the batch is ``[B, T, ...]``.
         """
+        bits, _ = self.reference_steps(batch, batch_first)
+        return bits.sum(0).float()
+
+    def reference_steps(self, batch: Batch, batch_first: bool = False) -> tuple[Tensor, Tensor]:
+        """The Bayes-optimal predictor step by step (`reference_cost`, time-major): its cost in
+        bits at each step ``[T, B]`` (float64, 0 where the mask is), and how many earlier scored
+        steps had the step's context, ``N_0(c) + N_1(c)`` ``[T, B]``."""
         inputs, targets, mask = batch
         if batch_first:
             inputs, targets, mask = (x.transpose(0, 1) for x in (inputs, targets, mask))
@@ -429,13 +436,8 @@ class NGramsTask(Task):
                 f"expected inputs and targets of shape [T, B, 1], got {list(inputs.shape)} "
                 f"and {list(targets.shape)}"
             )
-        x = inputs[..., 0].double()  # x_t, (T, B)
         y = targets[..., 0].double()  # x_{t+1}, (T, B)
-        # context of the target at step t: x_t, x_{t-1}, ..., x_{t-order+2}, newest least
-        # significant (as in `_ngram_sequences`)
-        context = torch.zeros(x.shape, dtype=torch.long)
-        for j in range(self.order - 1):
-            context[j:] += x[: x.shape[0] - j].long() << j
+        context = self.contexts(inputs[..., 0])  # of x_{t+1}, (T, B)
         scored = torch.nn.functional.one_hot(context, 2 ** (self.order - 1)).double()
         scored = scored * mask.unsqueeze(-1)  # (T, B, contexts)
         # counts over the steps strictly before t (exclusive cumulative sums)
@@ -445,8 +447,17 @@ class NGramsTask(Task):
         n_one = ones.gather(-1, context.unsqueeze(-1)).squeeze(-1)  # N_1, (T, B)
         p_one = (n_one + 0.5) / (n_all + 1.0)
         p_target = torch.where(y > 0.5, p_one, 1.0 - p_one)
-        bits = -torch.log2(p_target).masked_fill(~mask, 0.0)
-        return bits.sum(0).float()
+        return -torch.log2(p_target).masked_fill(~mask, 0.0), n_all
+
+    def contexts(self, bits: Tensor) -> Tensor:
+        """The context of each step's target ``[T, B]`` (long), from the input bits ``[T, B]``
+        (time-major): x_t, x_{t-1}, ..., x_{t-order+2}, the newest least significant, as in
+        `_ngram_sequences`."""
+        bits = bits.long()
+        context = torch.zeros(bits.shape, dtype=torch.long)
+        for j in range(self.order - 1):
+            context[j:] += bits[: bits.shape[0] - j] << j
+        return context
 
 
 @dataclass
