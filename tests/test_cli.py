@@ -320,7 +320,7 @@ def test_evaluate_repeat_copy_by_length_and_repeats(tmp_path, capsys):
     run = tmp_path / "rc"
     tiny = [a.replace("task.max_length=3", "task.max_length=2") for a in TINY]
     assert main(["train", "repeat_copy", "--out", str(run), "--no-plots", *tiny,
-                 "--set", "task.max_repeats=2"]) == 0
+                 "--set", "task.max_repeats=2", "--set", "finetune="]) == 0
     capsys.readouterr()
     assert main(["evaluate", str(run), "--lengths", "3,2", "--repeats", "4,1", "--sequences",
                  "5", "--json"]) == 0

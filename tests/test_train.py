@@ -1,6 +1,7 @@
 """Training must learn: a tiny copy task is solved within a CI-sized budget."""
 
 import math
+import re
 
 import pytest
 import torch
@@ -241,7 +242,7 @@ def test_a_task_with_a_reference_cost_keeps_the_weights_of_the_lowest_cost(tmp_p
 ROLLBACK_TINY = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
                  "controller_size=8", "batch_size=2", "eval_every=1", "max_sequences=8",
                  "engine=auto", "lr=0.01", "lr_decay=0.25", "lr_decay_bit_errors=-1",
-                 "rollback_bit_errors=1", "eval_sizes="]
+                 "rollback_bit_errors=1", "eval_sizes=", "finetune="]  # one stage
 
 
 def test_a_converged_model_that_falls_apart_is_rolled_back_to_its_best(tmp_path, monkeypatch):
@@ -980,3 +981,105 @@ def test_starts_are_checked(overrides, message):
 
     with pytest.raises(ConfigError, match=message):
         resolve_config("copy", overrides=[*_TINY_LR, "max_sequences=8", *overrides])
+
+
+_STAGED = [*_TINY_LR, "max_sequences=8", "eval_sizes=", "log_every=1",
+           "finetune=lr=0.001 max_sequences=6 memory_size=6 eval_every=3"]
+
+
+def test_a_fine_tune_trains_as_the_first_stage_and_then_init_from_it_would(tmp_path):
+    """``finetune``: the first stage in RUN/stages/0 is the run without it; the fine-tune in
+    RUN is the run with its settings from the weights that stage kept, to the bit."""
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.train import stage_dir
+
+    config = resolve_config("copy", overrides=_STAGED, seed=3)
+    result = train(config, tmp_path / "run", progress=False)
+    assert result.first_stage.sequences == 8 and result.sequences == 6
+    first = config.replaced(finetune="")
+    train(first, tmp_path / "first", progress=False)
+    assert _same_tensors(_kept(stage_dir(tmp_path / "run")), _kept(tmp_path / "first"))
+    second = first.replaced(init_from=str(tmp_path / "first"), lr=0.001, max_sequences=6,
+                            memory_size=6, eval_every=3)
+    train(second, tmp_path / "second", progress=False)
+    ours, theirs = load_checkpoint(tmp_path / "run"), load_checkpoint(tmp_path / "second")
+    assert _same_tensors(ours.state_dict, theirs.state_dict)
+    assert _same_tensors(ours.kept_weights(), theirs.kept_weights())
+    assert not _same_tensors(ours.state_dict, load_checkpoint(tmp_path / "first").state_dict)
+    assert ours.config.finetune == "" and ours.config.model_params.memory_size == 6
+    assert ours.config.init_from == str(stage_dir(tmp_path / "run"))
+
+
+def test_a_run_stopped_in_its_first_stage_resumes_it_then_fine_tunes(tmp_path, capsys):
+    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.cli import main
+    from torch_ntm.train import _train, stage_dir
+
+    config = resolve_config("copy", overrides=_STAGED, seed=4)
+    train(config, tmp_path / "whole", progress=False)
+    # Stopped half-way through the first stage, as `_train_stages` leaves it.
+    run = tmp_path / "run"
+    (run / "stages").mkdir(parents=True)
+    for path in (run / "config.json", run / "stages" / "config.json"):
+        path.write_text(config.to_json() + "\n")
+    _train(config.replaced(finetune="", max_sequences=4), stage_dir(run), resume=False,
+           progress=False)
+    assert main(["train", "copy", "--resume", str(run), "--no-plots", "--no-progress"]) == 0
+    assert "first stage: " in capsys.readouterr().out
+    ours, theirs = load_checkpoint(run), load_checkpoint(tmp_path / "whole")
+    assert ours.sequences == theirs.sequences == 6
+    assert _same_tensors(ours.state_dict, theirs.state_dict)
+    assert _same_tensors(_kept(stage_dir(run)), _kept(stage_dir(tmp_path / "whole")))
+    # Done: a sweep finds it complete under the config that trained it.
+    from torch_ntm.sweep import _existing_run
+
+    assert _existing_run(run, config) == "complete"
+
+
+def test_overwrite_removes_the_first_stage_and_an_empty_finetune_trains_one_stage(tmp_path):
+    from torch_ntm.cli import main
+
+    args = ["train", "copy", "--out", str(tmp_path / "run"), "--no-plots", "--no-progress",
+            *[a for key in _STAGED for a in ("--set", key)]]
+    assert main(args) == 0
+    assert (tmp_path / "run" / "stages" / "0" / "checkpoint.json").exists()
+    assert main([*args, "--overwrite", "--set", "finetune="]) == 0
+    assert not (tmp_path / "run" / "stages" / "0" / "checkpoint.json").exists()
+    assert not (tmp_path / "run" / "stages" / "config.json").exists()
+    from torch_ntm.checkpoint import load_checkpoint
+
+    assert load_checkpoint(tmp_path / "run").sequences == 8  # the first stage's budget alone
+
+
+@pytest.mark.parametrize("finetune, message", [
+    ("lr", r"finetune='lr': 'lr' is not KEY=VALUE"),
+    ("init_from=runs/x", r"finetune sets init_from: a fine-tune starts from the run's first"),
+    ("lr=0.1 colour=red", r"finetune colour: unknown key; valid keys:"),
+    ("lr=fast", r"finetune lr=fast: expected a value of type float"),
+    ("controller_size=16", r"changes the model's weights \(controller_size=16 \(here 8\)\)"),
+])
+def test_fine_tune_settings_are_checked_before_any_run_folder(tmp_path, capsys, finetune,
+                                                              message):
+    from torch_ntm.cli import main
+
+    out = tmp_path / "run"
+    args = ["train", "copy", "--out", str(out), "--no-plots",
+            *[a for key in [*_TINY_LR, f"finetune={finetune}"] for a in ("--set", key)]]
+    assert main(args) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not out.exists()
+
+
+def test_the_repeat_copy_preset_fine_tunes_as_the_shipped_model_was():
+    """The default preset's second stage is the shipped model's fine-tune, key for key."""
+    import json
+
+    from torch_ntm.config import TrainConfig, differing_keys
+    from torch_ntm.overrides import finetune_config
+    from torch_ntm.pretrained import path
+
+    shipped = json.loads(path("repeat_copy").read_text())["config"]
+    shipped = TrainConfig.from_dict(shipped)
+    ours = finetune_config(resolve_config("repeat_copy"), shipped.init_from)
+    assert differing_keys(ours, shipped) == ["engine"]  # "auto", the native engine on a CPU
+    assert shipped.engine == "native"

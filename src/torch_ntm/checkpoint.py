@@ -301,21 +301,29 @@ RUN_FIGURES = ("io.png", "attention.png", "memory.png", "learning_curve.png", "a
 SHIPPED = Path(__file__).parent / "pretrained"
 
 
+def _is_config(data: bytes) -> bool:
+    """Whether ``data`` reads as a run's config.json."""
+    return {"task", "task_params", "preset"} <= set(json.loads(data))
+
+
 def foreign_files(run_dir: str | os.PathLike) -> list[str]:
     """The names in ``run_dir`` that a run writes but that do not hold what a run writes there
     (``checkpoint.json`` without the checkpoint marker, a ``config.json`` that is not a config,
     a ``metrics.csv`` without its columns), or that are links or not regular files (a folder:
-    ``figures`` or ``tb`` that is a link or a file): what ``--overwrite`` must not remove."""
+    ``figures``, ``tb``, ``starts`` or ``stages`` that is a link or a file), here and in the
+    runs inside it: what ``--overwrite`` must not remove."""
     from torch_ntm.runlog import FIELDS, MAX_METRICS_BYTES
 
     run_dir = Path(run_dir)
-    found = []
+    found = [name for name in ("figures", "tb", *_SUB_RUNS)
+             if (run_dir / name).is_symlink() or (run_dir / name).exists()
+             and not (run_dir / name).is_dir()]
     for name, limit, looks_like in (
             (CHECKPOINT_JSON, MAX_RECORD_BYTES, lambda d: json.loads(d).get("format") == FORMAT),
-            ("config.json", MAX_RECORD_BYTES,
-             lambda d: {"task", "task_params", "preset"} <= set(json.loads(d))),
+            ("config.json", MAX_RECORD_BYTES, _is_config),
             ("metrics.csv", MAX_METRICS_BYTES,
-             lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS)):
+             lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS),
+            *([] if "stages" in found else [("stages/config.json", MAX_RECORD_BYTES, _is_config)])):
         try:
             data = read_own(run_dir / name, limit, name)
             check_own(run_dir / name)
@@ -326,15 +334,11 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
         except (CheckpointError, ValueError, AttributeError, TypeError, IndexError,
                 RecursionError):
             found.append(name)
-    for name in ("figures", "tb", "starts"):
-        path = run_dir / name
-        if path.is_symlink() or (path.exists() and not path.is_dir()):
-            found.append(name)
-    for start in _starts(run_dir) if "starts" not in found else []:  # several starts' runs
-        if start.is_symlink() or not start.is_dir():
-            found.append(str(start.relative_to(run_dir)))
+    for sub in _sub_runs(run_dir, skip=found):  # several starts' runs, a first stage's
+        if sub.is_symlink() or not sub.is_dir():
+            found.append(str(sub.relative_to(run_dir)))
         else:
-            found += [str((start / name).relative_to(run_dir)) for name in foreign_files(start)]
+            found += [str((sub / name).relative_to(run_dir)) for name in foreign_files(sub)]
     # and inside them, what clear_run would remove: checked before anything is removed
     inside = [run_dir / "figures" / name for name in RUN_FIGURES]
     if "tb" not in found and (run_dir / "tb").is_dir():
@@ -369,16 +373,27 @@ def clear_run(run_dir: str | os.PathLike) -> None:
     if tb.is_dir():
         for event in tb.glob("events.out.tfevents.*"):
             remove_file(event)
-    for start in _starts(run_dir):
-        clear_run(start)
+    for sub in _sub_runs(run_dir):
+        clear_run(sub)
+    remove_file(run_dir / "stages" / "config.json")
 
 
-def _starts(run_dir: Path) -> list[Path]:
-    """The folders of a run's several starts (``starts``: RUN/starts/K), by K."""
-    folder = run_dir / "starts"
-    if not folder.is_dir() or folder.is_symlink():
-        return []
-    return sorted((p for p in folder.iterdir() if p.name.isdigit()), key=lambda p: int(p.name))
+# The folders of the runs inside a run: its several starts' (RUN/starts/K) and its first
+# stage's (RUN/stages/0, before a fine-tune).
+_SUB_RUNS = ("starts", "stages")
+
+
+def _sub_runs(run_dir: Path, skip: list[str] = ()) -> list[Path]:
+    """The folders of the runs inside ``run_dir`` (`_SUB_RUNS`, but those in ``skip``): each
+    folder's numbered ones, by number."""
+    found = []
+    for name in _SUB_RUNS:
+        folder = run_dir / name
+        if name in skip or not folder.is_dir() or folder.is_symlink():
+            continue
+        found += sorted((p for p in folder.iterdir() if p.name.isdigit()),
+                        key=lambda p: int(p.name))
+    return found
 
 
 def find_checkpoint(path: str | os.PathLike) -> Path:

@@ -216,7 +216,12 @@ def _cmd_train(args) -> int:
     from torch_ntm.factories import build_model, build_task
     from torch_ntm.overrides import apply_overrides
     from torch_ntm.presets import resolve_config
-    from torch_ntm.train import is_main_process, load_initial_weights, starting_config
+    from torch_ntm.train import (
+        check_finetune,
+        is_main_process,
+        load_initial_weights,
+        starting_config,
+    )
 
     main_process = is_main_process()  # under torchrun, rank 0 writes
     saved = None  # a resumed run's own config
@@ -240,6 +245,7 @@ def _cmd_train(args) -> int:
         config = resolve_config(args.task, args.preset, args.overrides, args.seed)
         # A config that cannot train, or weights that do not fit it, fail here.
         load_initial_weights(config, build_model(config, build_task(config)))
+        check_finetune(config)
         run_dir = Path(args.out or _default_run_dir(args.task))
         if main_process:  # the other ranks would see its files appear
             run_dir = _new_run_dir(args.out, args.task, args.overwrite)
@@ -319,7 +325,7 @@ def _metrics_line(metrics: dict) -> str:
 def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
     from torch_ntm.checkpoint import load_checkpoint
     from torch_ntm.overrides import override_keys
-    from torch_ntm.train import start_config, start_dir, train
+    from torch_ntm.train import stage_dir, start_config, start_dir, train
 
     started = time.perf_counter()
     # A rate given on resume replaces the run's current one, even the value it started with.
@@ -351,6 +357,10 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
               f"({start_dir(run_dir, result.start)}, seed "
               f"{start_config(config, result.start).seed}): the best validation after "
               f"{config.stabilise.start_sequences} sequences each")
+    if result.first_stage is not None:
+        first = result.first_stage
+        print(f"first stage: {stage_dir(run_dir)}, {first.sequences} sequences; the fine-tune "
+              f"(finetune={config.finetune!r}) started from the weights it kept")
     print("last validation: " + _metrics_line(result.metrics))
     ckpt = load_checkpoint(run_dir)
     kept = ckpt.best_metrics

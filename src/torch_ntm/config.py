@@ -216,6 +216,12 @@ class TrainConfig:
     # shipped model). Its model configuration must be this one's. Optimizer state, counters
     # and the average start afresh. Empty: fresh weights.
     init_from: str = ""
+    # A second stage that the same run trains: a fine-tune from this stage's kept weights, given
+    # as KEY=VALUE settings separated by spaces (each as --set takes it), changed from this
+    # config. The first stage trains without them in RUN/stages/0, then the fine-tune, from
+    # the weights that stage kept (as init_from takes them), in RUN itself; its checkpoint is
+    # the run's. It keeps the model's weights' shapes. Empty: one stage.
+    finetune: str = ""
     batch_size: int = 1
     # Housekeeping.
     seed: int = 0
@@ -418,6 +424,7 @@ class TrainConfig:
             raise ConfigError(f"{source}: starts={stab.starts} needs start_sequences, each "
                               f"start's budget, above 0 and below max_sequences "
                               f"({self.max_sequences}); got {stab.start_sequences}")
+        self._check_finetune(source)
         milestones = self.stabilise.lr_milestones
         if any(a >= b for a, b in zip(milestones, milestones[1:])):
             raise ConfigError(f"{source}: lr_milestones={milestones} must increase "
@@ -433,6 +440,24 @@ class TrainConfig:
             except ValueError as e:
                 raise ConfigError(f"{source}: curriculum_start={start} is not a size of this "
                                   f"task: {e}") from None
+
+    def finetune_settings(self) -> list[str]:
+        """``finetune`` as its KEY=VALUE settings (`check` has checked their form)."""
+        return self.finetune.split()
+
+    def _check_finetune(self, source: str) -> None:
+        """The form of ``finetune``: KEY=VALUE settings; none of them a second ``finetune`` or
+        an ``init_from`` (the fine-tune starts from the first stage). Their keys and values are
+        checked with the fine-tune's config (`torch_ntm.train.finetune_config`)."""
+        for item in self.finetune_settings():
+            key, sep, _ = item.partition("=")
+            if not sep or not key:
+                raise ConfigError(f"{source}: finetune={self.finetune!r}: {item!r} is not "
+                                  f"KEY=VALUE; give the fine-tune's settings as KEY=VALUE "
+                                  f"separated by spaces, or leave finetune empty")
+            if key in ("finetune", "init_from"):
+                raise ConfigError(f"{source}: finetune sets {key}: a fine-tune starts from the "
+                                  f"run's first stage, and has no stage after it; drop {item}")
 
     def _check_nested(self, name: str, kind: type, source: str, what: str = "") -> None:
         """That field ``name`` (a section, the model's options) is a ``kind``, ``what`` it

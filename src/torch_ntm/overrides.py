@@ -9,6 +9,7 @@ listed.
 from __future__ import annotations
 
 import dataclasses
+import os
 import typing
 
 from torch_ntm.config import (
@@ -23,7 +24,7 @@ from torch_ntm.config import (
     type_hints,
 )
 
-__all__ = ["apply_overrides", "override_keys"]
+__all__ = ["apply_overrides", "finetune_config", "override_keys"]
 
 
 def _parse_value(text: str, expected, name: str, option: str = "--set"):
@@ -178,3 +179,14 @@ def _check_applies(config: TrainConfig, changes: dict, option: str) -> None:
             others = [name for name, keys in MODEL_KEYS.items() if key in keys]
             raise ConfigError(f"{option} {key}: applies to model={' or '.join(others)}, not "
                               f"{config.model}; drop it, or set model too")
+
+
+def finetune_config(config: TrainConfig, first: str | os.PathLike) -> TrainConfig:
+    """The config of the fine-tune of a run with one (``finetune``): the run's own with the
+    fine-tune's settings, one start, starting from the weights the run in ``first`` keeps.
+
+    Raises:
+        ConfigError: a setting of the fine-tune names an unknown key or an invalid value.
+    """
+    base = config.replaced(finetune="", init_from=str(first), starts=1, start_sequences=0)
+    return apply_overrides(base, config.finetune_settings(), option="finetune")

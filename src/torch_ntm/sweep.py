@@ -52,7 +52,7 @@ from torch_ntm.checkpoint import (
 )
 from torch_ntm.config import ConfigError, differing_keys
 from torch_ntm.factories import build_model, build_task
-from torch_ntm.overrides import apply_overrides
+from torch_ntm.overrides import apply_overrides, finetune_config
 from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
 
@@ -551,12 +551,14 @@ def _finished(sequences: int, budget: int, streak: int, stop_bit_errors: float,
 def _existing_run(run_dir: Path, config) -> str:
     """``"complete"`` if ``run_dir`` holds this seed's run, over (`_finished`), ``"resume"``
     if it holds an unfinished one; `ConfigError` if its run has other settings."""
-    sequences = config.max_sequences
     try:
         ckpt = load_checkpoint(run_dir)
     except CheckpointError as e:
         raise ConfigError(f"{run_dir} holds a run that cannot be continued ({e}); remove it "
                           f"or choose another --out") from None
+    if config.finetune:  # the checkpoint is the fine-tune's, from the first stage it names
+        config = finetune_config(config, ckpt.config.init_from)
+    sequences = config.max_sequences
     other = [key for key in differing_keys(config, ckpt.config) if key != "max_sequences"]
     if other:
         raise ConfigError(f"{run_dir} already holds a run with other settings "

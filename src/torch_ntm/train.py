@@ -47,6 +47,7 @@ from torch_ntm.config import (
 from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.flat_optim import FlatOptimizer
+from torch_ntm.overrides import finetune_config
 from torch_ntm.runfiles import read_own
 from torch_ntm.runlog import MAX_METRICS_BYTES, MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip
@@ -57,6 +58,9 @@ __all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes, eval_repeats)
 # Start k of a run with several (``starts``) draws from seed + START_SEED_STEP * k (mod 2**64)
 START_SEED_STEP = 1_000_000
+# A run with a fine-tune (``finetune``) keeps its own config here, beside its first stage: until
+# the fine-tune's first checkpoint, ``ntm train --resume RUN`` reads it.
+STAGED_CONFIG = Path("stages") / "config.json"
 # The validation set of a task whose held-out data is not its training distribution (Omniglot's
 # test split): a seed of its own, so that `ntm evaluate`'s episodes (EVAL_SEED) are not those that
 # chose the weights to keep.
@@ -77,6 +81,8 @@ class TrainResult:
     trained: bool = True
     # With several starts (``starts``): the one that went on (k: RUN/starts/k), else None.
     start: int | None = None
+    # With a fine-tune (``finetune``): the first stage's result (RUN/stages/0), else None.
+    first_stage: TrainResult | None = None
 
 
 class Interrupted(KeyboardInterrupt):
@@ -367,6 +373,11 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     Under ``torchrun`` the processes share the global batch and rank 0 writes the run directory,
     holding its lock (`torch_ntm.checkpoint.lock_run`): a second training into it is refused.
 
+    With a ``finetune``, the run first trains its first stage (`first_stage_config`) in
+    ``RUN/stages/0`` (resuming it if it was stopped, passing over it if it is done), then the
+    fine-tune (`finetune_config`) from the weights it kept, in ``run_dir`` itself
+    (``TrainResult.first_stage`` is the first stage's result).
+
     With ``starts`` above 1, the run first trains each start (`start_config`) in
     ``RUN/starts/K`` (resuming those that were stopped, passing over those that are done), then
     goes on in ``run_dir`` from the start whose last validation, that of the state that goes on,
@@ -376,7 +387,10 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     """
     config.check()  # a config built in Python: the checks the command line's parser makes
     run_dir = Path(run_dir)
+    check_finetune(config)
     with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
+        if config.finetune and not (resume and has_checkpoint(run_dir)):
+            return _train_stages(config, run_dir, progress=progress)
         if config.stabilise.starts > 1 and not (resume and has_checkpoint(run_dir)):
             return _train_starts(config, run_dir, progress=progress)
         return _train(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
@@ -401,6 +415,35 @@ def start_dir(run_dir: str | os.PathLike, k: int) -> Path:
     return Path(run_dir) / "starts" / str(k)
 
 
+def stage_dir(run_dir: str | os.PathLike) -> Path:
+    """Where the first stage of a run with a fine-tune (``finetune``) trains."""
+    return Path(run_dir) / "stages" / "0"
+
+
+def first_stage_config(config: TrainConfig) -> TrainConfig:
+    """The config of the first stage of a run with a fine-tune: the run's, without it."""
+    return config.replaced(finetune="")
+
+
+def check_finetune(config: TrainConfig) -> None:
+    """Raise `ConfigError` if ``config``'s fine-tune cannot follow its first stage: a setting
+    that `finetune_config` refuses, or one that changes the weights' names or shapes (the
+    fine-tune starts from the first stage's weights). Nothing for a run without one."""
+    if not config.finetune:
+        return
+    fix = "change them with --set finetune='KEY=VALUE ...', or train one stage: --set finetune="
+    try:
+        second = finetune_config(config, "RUN/stages/0")
+    except ConfigError as e:
+        raise ConfigError(f"{e}; the second stage's settings do not fit this config "
+                          f"(finetune={config.finetune!r}): {fix}") from None
+    differ = _model_differences(second, config)
+    if differ:
+        raise ConfigError(f"finetune={config.finetune!r} changes the model's weights "
+                          f"({differ}); a fine-tune starts from the first stage's weights, so "
+                          f"it must keep their shapes: {fix}")
+
+
 def has_checkpoint(run_dir: Path) -> bool:
     return (run_dir / CHECKPOINT_JSON).is_file()
 
@@ -414,15 +457,45 @@ def starting_config(run_dir: str | os.PathLike) -> TrainConfig | None:
         CheckpointError: its config.json is not a readable config.
     """
     run_dir = Path(run_dir)
-    if not run_dir.is_dir() or has_checkpoint(run_dir) or not (run_dir / "starts").is_dir():
+    if not run_dir.is_dir() or has_checkpoint(run_dir):
         return None
-    path = run_dir / "config.json"
+    if (run_dir / STAGED_CONFIG).is_file():  # a run with a fine-tune, before the fine-tune saved
+        return _read_config(run_dir / STAGED_CONFIG)
+    if not (run_dir / "starts").is_dir():
+        return None
+    config = _read_config(run_dir / "config.json")
+    return config if config.stabilise.starts > 1 else None
+
+
+def _read_config(path: Path) -> TrainConfig:
     try:
         config = TrainConfig.from_dict(json.loads(read_own(path, MAX_RECORD_BYTES,
                                                            "config.json")), source=str(path))
     except (OSError, ValueError, RecursionError, ConfigError) as e:
         raise CheckpointError(f"{path}: not a readable run config ({e})") from None
-    return config if config.stabilise.starts > 1 else None
+    return config
+
+
+def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None) -> TrainResult:
+    """`train` with a fine-tune, before ``run_dir`` has a checkpoint of its own: the first
+    stage in `stage_dir`, then the fine-tune from its kept weights in ``run_dir``."""
+    first = stage_dir(run_dir)
+    if is_main_process():  # the run's own config, which `ntm train --resume` reads until the
+        _write_config(run_dir, config)  # fine-tune's first checkpoint
+        (run_dir / STAGED_CONFIG).parent.mkdir(exist_ok=True)
+        atomic_write(run_dir / STAGED_CONFIG, (config.to_json() + "\n").encode())
+    try:
+        with lock_run(first) if is_main_process() else contextlib.nullcontext():
+            one = first_stage_config(config)
+            if one.stabilise.starts > 1 and not has_checkpoint(first):
+                before = _train_starts(one, first, progress=progress)
+            else:
+                before = _train(one, first, resume=has_checkpoint(first), progress=progress)
+        result = _train(finetune_config(config, first), run_dir, resume=False,
+                        progress=progress)
+    except Interrupted as e:  # saved; `--resume RUN` goes on from where it stopped
+        raise Interrupted(e.signum, e.step, run_dir) from None
+    return dataclasses.replace(result, first_stage=before)
 
 
 def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None) -> TrainResult:
