@@ -253,11 +253,11 @@ def test_shipped_ngrams_is_within_a_percent_of_the_bayes_optimal_cost_as_documen
 def test_shipped_associative_recall_generalises_as_documented(shipped):
     # docs/results/associative-recall.md:
     # `ntm evaluate --pretrained associative_recall --lengths 6,8,10,12,15,20
-    # --sequences 1000`: 99.6% and 99.3% of the sequences perfect at 12 and 20 items (trained on
+    # --sequences 1000`: 97.5% and 93.2% of the sequences perfect at 12 and 20 items (trained on
     # at most 6). Slack for float rounding on another machine.
     model, task = shipped("associative_recall")
     rows = evaluate_sizes(model, task, [12, 20], num_sequences=1000)
-    assert [row["perfect"] for row in rows] == pytest.approx([0.996, 0.993], abs=0.01)
+    assert [row["perfect"] for row in rows] == pytest.approx([0.975, 0.932], abs=0.01)
 
 
 @pytest.mark.slow
