@@ -520,3 +520,27 @@ def test_a_killed_sweep_takes_its_trainings_with_it(tmp_path):
     while children() and time.monotonic() < deadline:
         time.sleep(0.2)
     assert not children()
+
+
+def test_a_run_with_a_fine_tune_is_reported_from_its_first_stage_on(tmp_path):
+    """The report reads a run with ``finetune`` as one run: the first stage's rows, then the
+    fine-tune's with their sequences and seconds counted on from the first stage's end."""
+    from torch_ntm.sweep import _timeline, summarise
+    from torch_ntm.train import stage_dir, train
+
+    overrides = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
+                 "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",
+                 "lr=0.01", "max_sequences=8", "eval_sizes=", "log_every=1",
+                 "finetune=lr=0.001 max_sequences=6 eval_every=3"]
+    run = tmp_path / "seed-0"
+    train(resolve_config("copy", overrides=overrides), run, progress=False)
+    first, second = read_metrics(stage_dir(run) / "metrics.csv"), read_metrics(run / "metrics.csv")
+    rows = _timeline(run)
+    assert rows[:len(first)] == first and len(rows) == len(first) + len(second)
+    assert [int(r["sequences"]) for r in rows[len(first):]] == [
+        8 + int(r["sequences"]) for r in second]
+    assert int(rows[-1]["sequences"]) == 14
+    seconds = [float(r["elapsed_s"]) for r in rows]
+    assert seconds == sorted(seconds)
+    (seed,) = summarise([run])["seeds"]
+    assert seed["complete"] and seed["seed"] == 0

@@ -623,6 +623,27 @@ def _float(text: str | None) -> float | None:
     return float(text)
 
 
+def _read_rows(run_dir: Path) -> list[dict]:
+    try:
+        return read_metrics(run_dir / "metrics.csv")
+    except CheckpointError:  # not a metrics file (yet): nothing learned to report
+        return []
+
+
+def _timeline(run_dir: Path) -> list[dict]:
+    """The rows of ``run_dir``'s ``metrics.csv``; for a run with a fine-tune (``finetune``),
+    its first stage's (``RUN/stages/0``) first, then the fine-tune's, their sequences and
+    seconds counted on from where the first stage's end: one run from its first step."""
+    first = _read_rows(run_dir / "stages" / "0")
+    rows = _read_rows(run_dir)
+    if not first or not rows:
+        return first or rows
+    done = {key: max(float(r[key]) for r in first) for key in ("sequences", "elapsed_s")}
+    return first + [{**r, "sequences": str(int(done["sequences"]) + int(r["sequences"])),
+                     "elapsed_s": str(done["elapsed_s"] + float(r["elapsed_s"]))}
+                    for r in rows]
+
+
 def _seed_row(run_dir: Path, threshold: float) -> dict:
     """One seed's line of the report, from its ``metrics.csv`` and ``checkpoint.json``."""
     row = {"seed": None, "run_dir": str(run_dir), "complete": False, "converged": False,
@@ -644,10 +665,7 @@ def _seed_row(run_dir: Path, threshold: float) -> dict:
         record.get("sequences", 0), config.get("max_sequences", 0),
         record.get("extra", {}).get("streak", 0), evaluation.get("stop_bit_errors", -1),
         evaluation.get("patience_evals", 1))
-    try:
-        rows = read_metrics(run_dir / "metrics.csv")
-    except CheckpointError:  # not a metrics file (yet): nothing learned to report
-        rows = []
+    rows = _timeline(run_dir)
     fallen = False  # the last validation, after converging, was a collapse
     for r in rows:
         cost = _float(r.get("cost_bits"))
