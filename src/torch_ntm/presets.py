@@ -72,16 +72,22 @@ _GRAPH_PRESETS = {
         {**_GRAPH, **_LSTM, "controller_size": 256}),
 }
 
+# The copy task's default (ntm-lstm).
+_COPY = {**_BIT_ADAM, "lr": 3e-3, "weight_decay": 0.1, "clip_norm": 1.0, "clip_spikes": 2.0,
+         "stop_bit_errors": 0.0, "patience_evals": 10, "eval_sizes": [40, 120],
+         "eval_memory_size": 256, "max_sequences": 60_000, "eval_every": 100,
+         "rollback_bit_errors": 1.0, "lr_decay": 0.3, "lr_decay_bit_errors": 0.0}
+
 PRESETS: dict[str, dict[str, Preset]] = {
     "copy": {
         "ntm-lstm": Preset(
             "AdamW, spikes clipped; once L <= 20, 40 and 120 are solved, the rate cut 0.3x and "
-            "a stop after ten such validations",
-            {**_BIT_ADAM, "lr": 3e-3, "weight_decay": 0.1, "clip_norm": 1.0,
-             "clip_spikes": 2.0, "stop_bit_errors": 0.0, "patience_evals": 10,
-             "eval_sizes": [40, 120], "eval_memory_size": 256, "max_sequences": 60_000,
-             "eval_every": 100, "rollback_bit_errors": 1.0, "lr_decay": 0.3,
-             "lr_decay_bit_errors": 0.0}),
+            "a stop after ten such validations", _COPY),
+        "dnc": Preset(
+            "the DNC (one read, one write head) on ntm-lstm's optimiser without weight decay or "
+            "the stop: 20,000 sequences",
+            {**_COPY, "model": "dnc", "weight_decay": 0.0, "lr_decay_bit_errors": -1.0,
+             "stop_bit_errors": -1.0, "patience_evals": 2, "max_sequences": 20_000}),
         "ntm-lstm-paper": Preset(
             "the paper's optimiser and rate",
             {**_PAPER_OPT, "lr": 1e-4, "stop_bit_errors": 0.0, "eval_every": 2000}),
