@@ -285,29 +285,34 @@ def test_shipped_dnc_traversal_answers_as_documented():
                                                                    abs=0.01)
 
 
-# The shipped copy model is `ntm train copy`'s output (seed 0, the default), made on this CPU
-# capability with this torch: there, training again must give the same weights to the bit
-# (elsewhere the native kernels' vector width or torch's BLAS round differently, and a seed's run
-# takes another path).
-COPY_COMMAND_SEED, COPY_MADE_ON = 0, ("AVX2", "2.13.0+cpu")
+# Shipped models that are `ntm train TASK`'s output (the default preset, the seed given), made on
+# this CPU capability with this torch: there, training again must give the same weights to the
+# bit (elsewhere the native kernels' vector width or torch's BLAS round differently, and a seed's
+# run takes another path). Both train in under two minutes.
+DEFAULT_COMMAND_MODELS = {  # name: (seed, made on)
+    "copy": (0, ("AVX2", "2.13.0+cpu")),
+    "associative_recall": (0, ("AVX512", "2.13.0+cpu")),
+}
 
 
-def test_the_shipped_copy_model_is_the_default_commands_config():
-    ckpt = load_checkpoint(pretrained.path("copy"))
-    assert ckpt.config == resolve_config("copy", seed=COPY_COMMAND_SEED)
+@pytest.mark.parametrize("name", DEFAULT_COMMAND_MODELS)
+def test_the_shipped_model_is_the_default_commands_config(name):
+    ckpt = load_checkpoint(pretrained.path(name))
+    assert ckpt.config == resolve_config(name, seed=DEFAULT_COMMAND_MODELS[name][0])
 
 
 @pytest.mark.slow
-def test_the_default_command_reproduces_the_shipped_copy_weights(tmp_path):
-    made_on = (torch.backends.cpu.get_cpu_capability(), torch.__version__)
-    if made_on != COPY_MADE_ON:
-        pytest.skip(f"the shipped copy model was made with {COPY_MADE_ON}, this is {made_on}")
-    out = tmp_path / "copy"
-    assert main(["train", "copy", "--seed", str(COPY_COMMAND_SEED), "--no-plots", "--out",
-                 str(out)]) == 0
-    pretrained.export(out, "copy", dest=tmp_path / "exported")  # as the shipped one was made
-    again = pretrained.load("copy", root=tmp_path / "exported").state_dict()
-    shipped = pretrained.load("copy").state_dict()
+@pytest.mark.parametrize("name", DEFAULT_COMMAND_MODELS)
+def test_the_default_command_reproduces_the_shipped_weights(tmp_path, name):
+    seed, made = DEFAULT_COMMAND_MODELS[name]
+    here = (torch.backends.cpu.get_cpu_capability(), torch.__version__)
+    if here != made:
+        pytest.skip(f"the shipped {name} model was made with {made}, this is {here}")
+    out = tmp_path / name
+    assert main(["train", name, "--seed", str(seed), "--no-plots", "--out", str(out)]) == 0
+    pretrained.export(out, name, dest=tmp_path / "exported")  # as the shipped one was made
+    again = pretrained.load(name, root=tmp_path / "exported").state_dict()
+    shipped = pretrained.load(name).state_dict()
     assert again.keys() == shipped.keys()
-    for name, tensor in shipped.items():
-        assert torch.equal(again[name], tensor), name
+    for key, tensor in shipped.items():
+        assert torch.equal(again[key], tensor), key
