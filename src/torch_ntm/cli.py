@@ -359,8 +359,9 @@ def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
               f"{config.stabilise.start_sequences} sequences each")
     if result.first_stage is not None:
         first = result.first_stage
-        print(f"first stage: {stage_dir(run_dir)}, {first.sequences} sequences; the fine-tune "
-              f"(finetune={config.finetune!r}) started from the weights it kept")
+        print(f"first stage: {stage_dir(run_dir)}, {first.sequences} sequences, "
+              f"{first.elapsed_s:.1f} s training; the fine-tune (finetune={config.finetune!r}) "
+              f"started from the weights it kept, and trained {result.elapsed_s:.1f} s")
     print("last validation: " + _metrics_line(result.metrics))
     ckpt = load_checkpoint(run_dir)
     kept = ckpt.best_metrics
