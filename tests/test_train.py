@@ -1083,3 +1083,20 @@ def test_the_repeat_copy_preset_fine_tunes_as_the_shipped_model_was():
     ours = finetune_config(resolve_config("repeat_copy"), shipped.init_from)
     assert differing_keys(ours, shipped) == ["engine"]  # "auto", the native engine on a CPU
     assert shipped.engine == "native"
+
+
+@pytest.mark.parametrize("folder, overrides", [("stages", _STAGED), ("starts", _STARTS)])
+def test_a_link_planted_for_the_runs_inside_a_run_is_refused(tmp_path, folder, overrides):
+    """A resumed run with a fine-tune or several starts writes its inner runs in RUN/stages or
+    RUN/starts: a link planted there is refused, and nothing is written through it."""
+    from torch_ntm.checkpoint import CheckpointError
+
+    config = resolve_config("copy", overrides=overrides)
+    run, elsewhere = tmp_path / "run", tmp_path / "elsewhere"
+    run.mkdir()
+    elsewhere.mkdir()
+    (run / "config.json").write_text(config.to_json() + "\n")
+    (run / folder).symlink_to(elsewhere, target_is_directory=True)
+    with pytest.raises(CheckpointError, match="is a symbolic link"):
+        train(config, run, resume=True, progress=False)
+    assert list(elsewhere.iterdir()) == []

@@ -48,7 +48,7 @@ from torch_ntm.evaluate import evaluate_batches, fixed_batches, task_objective
 from torch_ntm.factories import build_model, build_task
 from torch_ntm.flat_optim import FlatOptimizer
 from torch_ntm.overrides import finetune_config
-from torch_ntm.runfiles import read_own
+from torch_ntm.runfiles import own_folder, read_own
 from torch_ntm.runlog import MAX_METRICS_BYTES, MetricsLog
 from torch_ntm.stability import BestWeights, SpikeClip
 
@@ -482,7 +482,8 @@ def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
     first = stage_dir(run_dir)
     if is_main_process():  # the run's own config, which `ntm train --resume` reads until the
         _write_config(run_dir, config)  # fine-tune's first checkpoint
-        (run_dir / STAGED_CONFIG).parent.mkdir(exist_ok=True)
+        own_folder(first.parent)  # not through a link planted there
+        own_folder(first)
         atomic_write(run_dir / STAGED_CONFIG, (config.to_json() + "\n").encode())
     try:
         with lock_run(first) if is_main_process() else contextlib.nullcontext():
@@ -507,6 +508,9 @@ def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
     scores = []
     for k in range(config.stabilise.starts):
         folder = start_dir(run_dir, k)
+        if main:  # not through a link planted there
+            own_folder(folder.parent)
+            own_folder(folder)
         try:
             _train(start_config(config, k), folder, resume=has_checkpoint(folder),
                    progress=progress)
