@@ -525,8 +525,9 @@ def test_a_killed_sweep_takes_its_trainings_with_it(tmp_path):
 def test_a_run_with_a_fine_tune_is_reported_from_its_first_stage_on(tmp_path):
     """The report reads a run with ``finetune`` as one run: the first stage's rows, then the
     fine-tune's with their sequences and seconds counted on from the first stage's end."""
+    from torch_ntm.checkpoint import stage_dir
     from torch_ntm.sweep import _timeline, summarise
-    from torch_ntm.train import stage_dir, train
+    from torch_ntm.train import train
 
     overrides = ["task.max_length=2", "task.width=3", "memory_size=8", "memory_width=4",
                  "controller_size=8", "batch_size=2", "eval_every=2", "eval_sequences=4",

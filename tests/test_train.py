@@ -990,8 +990,7 @@ _STAGED = [*_TINY_LR, "max_sequences=8", "eval_sizes=", "log_every=1",
 def test_a_fine_tune_trains_as_the_first_stage_and_then_init_from_it_would(tmp_path):
     """``finetune``: the first stage in RUN/stages/0 is the run without it; the fine-tune in
     RUN is the run with its settings from the weights that stage kept, to the bit."""
-    from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.train import stage_dir
+    from torch_ntm.checkpoint import load_checkpoint, stage_dir
 
     config = resolve_config("copy", overrides=_STAGED, seed=3)
     result = train(config, tmp_path / "run", progress=False)
@@ -1011,9 +1010,9 @@ def test_a_fine_tune_trains_as_the_first_stage_and_then_init_from_it_would(tmp_p
 
 
 def test_a_run_stopped_in_its_first_stage_resumes_it_then_fine_tunes(tmp_path, capsys):
-    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.checkpoint import load_checkpoint, stage_dir
     from torch_ntm.cli import main
-    from torch_ntm.train import _train, stage_dir
+    from torch_ntm.train import _train
 
     config = resolve_config("copy", overrides=_STAGED, seed=4)
     train(config, tmp_path / "whole", progress=False)

@@ -323,7 +323,7 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
             ("config.json", MAX_RECORD_BYTES, _is_config),
             ("metrics.csv", MAX_METRICS_BYTES,
              lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS),
-            *([] if "stages" in found else [("stages/config.json", MAX_RECORD_BYTES, _is_config)])):
+            *([] if "stages" in found else [(str(STAGED_CONFIG), MAX_RECORD_BYTES, _is_config)])):
         try:
             data = read_own(run_dir / name, limit, name)
             check_own(run_dir / name)
@@ -375,12 +375,20 @@ def clear_run(run_dir: str | os.PathLike) -> None:
             remove_file(event)
     for sub in _sub_runs(run_dir):
         clear_run(sub)
-    remove_file(run_dir / "stages" / "config.json")
+    remove_file(run_dir / STAGED_CONFIG)
 
 
 # The folders of the runs inside a run: its several starts' (RUN/starts/K) and its first
 # stage's (RUN/stages/0, before a fine-tune).
 _SUB_RUNS = ("starts", "stages")
+# A run with a fine-tune (``finetune``) keeps its own config here, beside its first stage: until
+# the fine-tune's first checkpoint, ``ntm train --resume RUN`` reads it.
+STAGED_CONFIG = Path("stages") / "config.json"
+
+
+def stage_dir(run_dir: str | os.PathLike) -> Path:
+    """Where the first stage of a run with a fine-tune (``finetune``) trains."""
+    return Path(run_dir) / "stages" / "0"
 
 
 def _sub_runs(run_dir: Path, skip: list[str] = ()) -> list[Path]:

@@ -448,7 +448,7 @@ class TrainConfig:
     def _check_finetune(self, source: str) -> None:
         """The form of ``finetune``: KEY=VALUE settings; none of them a second ``finetune`` or
         an ``init_from`` (the fine-tune starts from the first stage). Their keys and values are
-        checked with the fine-tune's config (`torch_ntm.train.finetune_config`)."""
+        checked with the fine-tune's config (`torch_ntm.overrides.finetune_config`)."""
         for item in self.finetune_settings():
             key, sep, _ = item.partition("=")
             if not sep or not key:

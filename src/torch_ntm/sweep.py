@@ -49,6 +49,7 @@ from torch_ntm.checkpoint import (
     open_own,
     own_folder,
     read_own,
+    stage_dir,
 )
 from torch_ntm.config import ConfigError, differing_keys
 from torch_ntm.factories import build_model, build_task
@@ -633,8 +634,8 @@ def _read_rows(run_dir: Path) -> list[dict]:
 def _timeline(run_dir: Path) -> list[dict]:
     """The rows of ``run_dir``'s ``metrics.csv``; for a run with a fine-tune (``finetune``),
     its first stage's (``RUN/stages/0``) first, then the fine-tune's, their sequences and
-    seconds counted on from where the first stage's end: one run from its first step."""
-    first = _read_rows(run_dir / "stages" / "0")
+    seconds counted on from where the first stage ends: one run from its first step."""
+    first = _read_rows(stage_dir(run_dir))
     rows = _read_rows(run_dir)
     if not first or not rows:
         return first or rows

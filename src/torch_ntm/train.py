@@ -29,12 +29,14 @@ from torch.optim.swa_utils import get_ema_multi_avg_fn
 from torch_ntm.checkpoint import (
     CHECKPOINT_JSON,
     MAX_RECORD_BYTES,
+    STAGED_CONFIG,
     CheckpointError,
     KeptWeights,
     atomic_write,
     load_checkpoint,
     lock_run,
     save_checkpoint,
+    stage_dir,
 )
 from torch_ntm.config import (
     OPTIMIZERS,
@@ -58,9 +60,6 @@ __all__ = ["train", "TrainResult", "Interrupted", "make_optimizer", "validation_
 GENERAL_SEED = 1410  # the generalisation validation sets (eval_sizes, eval_repeats)
 # Start k of a run with several (``starts``) draws from seed + START_SEED_STEP * k (mod 2**64)
 START_SEED_STEP = 1_000_000
-# A run with a fine-tune (``finetune``) keeps its own config here, beside its first stage: until
-# the fine-tune's first checkpoint, ``ntm train --resume RUN`` reads it.
-STAGED_CONFIG = Path("stages") / "config.json"
 # The validation set of a task whose held-out data is not its training distribution (Omniglot's
 # test split): a seed of its own, so that `ntm evaluate`'s episodes (EVAL_SEED) are not those that
 # chose the weights to keep.
@@ -391,9 +390,16 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
         if config.finetune and not (resume and has_checkpoint(run_dir)):
             return _train_stages(config, run_dir, progress=progress)
-        if config.stabilise.starts > 1 and not (resume and has_checkpoint(run_dir)):
-            return _train_starts(config, run_dir, progress=progress)
-        return _train(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
+        return _train_stage(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
+
+
+def _train_stage(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None,
+                 new_lr: bool | None = None) -> TrainResult:
+    """`train` of one stage (the config's ``finetune`` aside): with several starts, those first
+    (until ``run_dir`` has a checkpoint of its own), else the run itself."""
+    if config.stabilise.starts > 1 and not (resume and has_checkpoint(run_dir)):
+        return _train_starts(config, run_dir, progress=progress)
+    return _train(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
 
 
 def _write_config(run_dir: Path, config: TrainConfig) -> None:
@@ -415,11 +421,6 @@ def start_dir(run_dir: str | os.PathLike, k: int) -> Path:
     return Path(run_dir) / "starts" / str(k)
 
 
-def stage_dir(run_dir: str | os.PathLike) -> Path:
-    """Where the first stage of a run with a fine-tune (``finetune``) trains."""
-    return Path(run_dir) / "stages" / "0"
-
-
 def first_stage_config(config: TrainConfig) -> TrainConfig:
     """The config of the first stage of a run with a fine-tune: the run's, without it."""
     return config.replaced(finetune="")
@@ -433,15 +434,14 @@ def check_finetune(config: TrainConfig) -> None:
         return
     fix = "change them with --set finetune='KEY=VALUE ...', or train one stage: --set finetune="
     try:
-        second = finetune_config(config, "RUN/stages/0")
+        second = finetune_config(config, stage_dir("RUN"))
     except ConfigError as e:
         raise ConfigError(f"{e}; the second stage's settings do not fit this config "
                           f"(finetune={config.finetune!r}): {fix}") from None
-    differ = _model_differences(second, config)
-    if differ:
+    if _weight_shapes(second) != _weight_shapes(config):
         raise ConfigError(f"finetune={config.finetune!r} changes the model's weights "
-                          f"({differ}); a fine-tune starts from the first stage's weights, so "
-                          f"it must keep their shapes: {fix}")
+                          f"({_model_differences(second, config)}); a fine-tune starts from the "
+                          f"first stage's weights, so it must keep their shapes: {fix}")
 
 
 def has_checkpoint(run_dir: Path) -> bool:
@@ -487,11 +487,8 @@ def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
         atomic_write(run_dir / STAGED_CONFIG, (config.to_json() + "\n").encode())
     try:
         with lock_run(first) if is_main_process() else contextlib.nullcontext():
-            one = first_stage_config(config)
-            if one.stabilise.starts > 1 and not has_checkpoint(first):
-                before = _train_starts(one, first, progress=progress)
-            else:
-                before = _train(one, first, resume=has_checkpoint(first), progress=progress)
+            before = _train_stage(first_stage_config(config), first,
+                                  resume=has_checkpoint(first), progress=progress)
         result = _train(finetune_config(config, first), run_dir, resume=False,
                         progress=progress)
     except Interrupted as e:  # saved; `--resume RUN` goes on from where it stopped
@@ -555,19 +552,21 @@ def load_initial_weights(config: TrainConfig, model: nn.Module) -> None:
                               f"its values to start from its weights") from None
 
 
+def _weight_shapes(config: TrainConfig) -> dict:
+    """The names and shapes of the weights of ``config``'s model (built on the meta device)."""
+    model = build_model(config, build_task(config), device="meta")
+    return {name: tuple(t.shape) for name, t in model.state_dict().items()}
+
+
 def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
     """The settings (config keys, ``task.KEY`` for the task's) in which ``theirs`` differs from
     ``ours`` such that the weights' names or shapes change, as "KEY=THEIRS (here OURS)": each
     differing key is tried alone on ``ours``, its model built on the meta device; empty if none
     matters alone."""
 
-    def signature(config: TrainConfig):
-        model = build_model(config, build_task(config), device="meta")
-        return {name: tuple(t.shape) for name, t in model.state_dict().items()}
-
     def matters(changed: TrainConfig) -> bool:
         try:
-            return signature(changed) != here
+            return _weight_shapes(changed) != here
         except (ConfigError, ValueError, TypeError):  # not buildable alone: it matters
             return True
 
@@ -581,7 +580,7 @@ def _model_differences(theirs: TrainConfig, ours: TrainConfig) -> str:
         task = dataclasses.replace(ours.task_params, **{name: other})
         return getattr(ours.task_params, name), other, dataclasses.replace(ours, task_params=task)
 
-    here = signature(ours)
+    here = _weight_shapes(ours)
     found = [f"task {theirs.task!r} (here {ours.task!r})"] if theirs.task != ours.task else []
     for key in differing_keys(ours, theirs):
         if key not in ("init_from", "task_params", "task"):
