@@ -901,8 +901,8 @@ def test_several_starts_go_on_from_the_one_whose_validation_is_best(tmp_path):
     the run's own ranking goes on, as the same start resumed to max_sequences would."""
     import shutil
 
-    from torch_ntm.checkpoint import load_checkpoint
-    from torch_ntm.train import _score, start_config, start_dir
+    from torch_ntm.checkpoint import load_checkpoint, start_dir
+    from torch_ntm.train import _score, start_config
 
     config = resolve_config("copy", overrides=_STARTS, seed=5)
     result = train(config, tmp_path / "run", progress=False)
@@ -935,9 +935,9 @@ def test_several_starts_go_on_from_the_one_whose_validation_is_best(tmp_path):
 
 
 def test_a_run_stopped_in_its_starts_resumes_them_and_ends_as_if_never_stopped(tmp_path):
-    from torch_ntm.checkpoint import load_checkpoint
+    from torch_ntm.checkpoint import load_checkpoint, start_dir
     from torch_ntm.cli import main
-    from torch_ntm.train import _train, start_config, start_dir
+    from torch_ntm.train import _train, start_config
 
     config = resolve_config("copy", overrides=_STARTS, seed=2)
     whole = train(config, tmp_path / "whole", progress=False)

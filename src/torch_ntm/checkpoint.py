@@ -391,6 +391,11 @@ def stage_dir(run_dir: str | os.PathLike) -> Path:
     return Path(run_dir) / "stages" / "0"
 
 
+def start_dir(run_dir: str | os.PathLike, k: int) -> Path:
+    """Where start ``k`` of a run with several (``starts``) trains."""
+    return Path(run_dir) / "starts" / str(k)
+
+
 def _sub_runs(run_dir: Path, skip: list[str] = ()) -> list[Path]:
     """The folders of the runs inside ``run_dir`` (`_SUB_RUNS`, but those in ``skip``): each
     folder's numbered ones, by number."""

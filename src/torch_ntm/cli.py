@@ -323,9 +323,9 @@ def _metrics_line(metrics: dict) -> str:
 
 
 def _train_and_report(args, config, run_dir: Path, main_process: bool) -> int:
-    from torch_ntm.checkpoint import load_checkpoint, stage_dir
+    from torch_ntm.checkpoint import load_checkpoint, stage_dir, start_dir
     from torch_ntm.overrides import override_keys
-    from torch_ntm.train import start_config, start_dir, train
+    from torch_ntm.train import start_config, train
 
     started = time.perf_counter()
     # A rate given on resume replaces the run's current one, even the value it started with.

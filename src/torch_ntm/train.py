@@ -37,6 +37,7 @@ from torch_ntm.checkpoint import (
     lock_run,
     save_checkpoint,
     stage_dir,
+    start_dir,
 )
 from torch_ntm.config import (
     OPTIMIZERS,
@@ -416,11 +417,6 @@ def start_config(config: TrainConfig, k: int) -> TrainConfig:
                            starts=1, start_sequences=0)
 
 
-def start_dir(run_dir: str | os.PathLike, k: int) -> Path:
-    """Where start ``k`` of a run with several (``starts``) trains."""
-    return Path(run_dir) / "starts" / str(k)
-
-
 def first_stage_config(config: TrainConfig) -> TrainConfig:
     """The config of the first stage of a run with a fine-tune: the run's, without it."""
     return config.replaced(finetune="")
@@ -461,7 +457,7 @@ def starting_config(run_dir: str | os.PathLike) -> TrainConfig | None:
         return None
     if (run_dir / STAGED_CONFIG).is_file():  # a run with a fine-tune, before the fine-tune saved
         return _read_config(run_dir / STAGED_CONFIG)
-    if not (run_dir / "starts").is_dir():
+    if not start_dir(run_dir, 0).parent.is_dir():
         return None
     config = _read_config(run_dir / "config.json")
     return config if config.stabilise.starts > 1 else None
