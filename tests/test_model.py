@@ -591,6 +591,37 @@ def test_unknown_names_list_the_valid_choices():
         build(NTMCell, memory_init="zeros")
 
 
+@pytest.mark.parametrize("shift_range", [1, 2])
+def test_a_sequential_write_init_steps_the_write_heads_one_row_a_step(shift_range):
+    # Before any training, whatever the inputs: row t + 1 at step t (row 0 is the initial
+    # weighting's), around the memory and back to row 0 after N steps, nearly one-hot. The
+    # default initialisation does not (its gate and shift are the head layer's draws).
+    x = inputs(shape=(2 * N + 1, B, IN), dtype=torch.float32)
+    w = build(NTM, write_heads=2, shift_range=shift_range, write_init="sequential").trace(x)[2]
+    rows = (torch.arange(1, 2 * N + 2) % N).view(-1, 1, 1).expand(-1, B, 2)
+    assert torch.equal(w.write_weights.argmax(-1), rows)
+    assert w.write_weights.amax(-1).min() > 0.999
+    default = build(NTM, write_heads=2, shift_range=shift_range).trace(x)[2]
+    assert not torch.equal(default.write_weights.argmax(-1), rows)
+    # The read heads and every other parameter keep the default initialisation's draws.
+    a, b = (build(NTM, write_heads=2, write_init=init).state_dict()
+            for init in ("default", "sequential"))
+    changed = build(NTM, write_heads=2).head_layout
+    rows_set = {r for f in ("gate", "shift", "gamma") for r in changed.rows("write", f)}
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "head_params.bias")
+    same = [i for i in range(a["head_params.bias"].numel()) if i not in rows_set]
+    assert torch.equal(a["head_params.bias"][same], b["head_params.bias"][same])
+
+
+def test_a_sequential_write_init_needs_a_write_head_and_a_shift():
+    for bad in ({"write_heads": 0}, {"shift_range": 0}):
+        with pytest.raises(ValueError, match=r"write_init='sequential' .* needs write_heads >= 1 "
+                                             r"and shift_range >= 1.*use write_init='default'"):
+            build(NTM, write_init="sequential", **bad)
+    with pytest.raises(ValueError, match=r"unknown write_init 'shift'; valid choices: default"):
+        build(NTMCell, write_init="shift")
+
+
 def test_shift_range_must_fit_in_memory():
     with pytest.raises(ValueError, match=r"shift_range=4 needs 2\*shift_range\+1 <= memory_size"):
         build(NTM, shift_range=4)  # 9 > N = 7
@@ -618,7 +649,7 @@ def test_the_options_give_the_attributes_repr_and_config():
     assert repr(ntm).startswith(
         "NTM(\n  4, 3, controller='feedforward', controller_size=8, controller_layers=1, "
         "memory_size=7, memory_width=5, read_heads=1, write_heads=1, shift_range=1, "
-        "memory_init='constant', max_beta=None, max_gamma=3.0\n")
+        "memory_init='constant', write_init='default', max_beta=None, max_gamma=3.0\n")
 
 
 @pytest.mark.parametrize("cls", [NTM, NTMCell])

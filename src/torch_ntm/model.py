@@ -34,12 +34,20 @@ from torch_ntm.sequence import SequenceModel
 from torch_ntm.states import NTMState
 
 __all__ = ["NTM", "NTMCell", "NTMOptions", "NTMState", "NTMTrace", "CONTROLLERS", "MEMORY_INITS",
-           "ENGINES"]
+           "WRITE_INITS", "ENGINES"]
 
 # Constant memory initialisation: small but non-zero, as recommended in the NTM literature
 # (Collier & Beel 2018, "Implementing Neural Turing Machines").
 MEMORY_INIT_CONSTANT = 1e-6
 MEMORY_INITS = ("constant", "learned", "random")
+# How the write heads' addressing starts (`NTM`'s ``write_init``): as the head layer's weights
+# are drawn, or stepping one row a step.
+WRITE_INITS = ("default", "sequential")
+# The head layer's biases of a write head under write_init="sequential": the gate keeps 95% of
+# the previous weighting (sigmoid(-3)), the shift puts 91% on +1 (softmax of 3 against 0, 0),
+# and gamma = 1 + softplus(2) = 3.1 sharpens that back to one row (> 99.9% of the weight for
+# the first N steps of a fresh model, whatever the controller's output).
+_SEQUENTIAL_GATE, _SEQUENTIAL_SHIFT, _SEQUENTIAL_GAMMA = -3.0, 3.0, 2.0
 # How `NTM.forward` computes the sequence (the same function, to float rounding, on every engine):
 # `torch_ntm.engines` says what each is and which serves which call.
 ENGINES = engines.ENGINES
@@ -79,6 +87,7 @@ class NTMOptions:
     write_heads: int = 1
     shift_range: int = 1
     memory_init: str = "constant"
+    write_init: str = "default"
     max_beta: float | None = None
     max_gamma: float | None = None
 
@@ -93,6 +102,12 @@ class NTMOptions:
                         "memory_width", "read_heads")
         positive_fields(self, "write_heads", "shift_range", minimum=0)
         choice("memory_init", self.memory_init, MEMORY_INITS)
+        choice("write_init", self.write_init, WRITE_INITS)
+        if self.write_init == "sequential" and not (self.write_heads and self.shift_range):
+            raise ValueError(
+                f"write_init='sequential' steps the write heads by one row, which needs "
+                f"write_heads >= 1 and shift_range >= 1, got write_heads={self.write_heads}, "
+                f"shift_range={self.shift_range}: use write_init='default'")
         caps = {"max_beta": bound("max_beta", self.max_beta, 0.0),
                 "max_gamma": bound("max_gamma", self.max_gamma, 1.0)}
         if 2 * self.shift_range + 1 > self.memory_size:
@@ -139,6 +154,14 @@ class _NTMBase(MemoryModule):
         nn.init.constant_(self.write_focus0, 10.0)
         if self.memory0 is not None:
             nn.init.constant_(self.memory0, MEMORY_INIT_CONSTANT)
+        if self.options.write_init == "sequential":
+            layout, bias = self.head_layout, self.head_params.bias
+            shifts = layout.rows("write", "shift")  # -R..+R, head by head
+            with torch.no_grad():
+                bias[layout.rows("write", "gate")] = _SEQUENTIAL_GATE
+                bias[shifts] = 0.0
+                bias[shifts[self.options.shift_range + 1 :: layout.shifts]] = _SEQUENTIAL_SHIFT
+                bias[layout.rows("write", "gamma")] = _SEQUENTIAL_GAMMA
 
     def _initial_state(self, batch_size: int, controller: tuple, device, dtype) -> NTMState:
         """Memory by ``memory_init``; the weightings focused on row 0 by the learned logits
@@ -207,6 +230,12 @@ class NTM(SequenceModel, _NTMBase):
         shift_range: R; the heads can shift by -R..+R rows per step (2R+1 <= N).
         memory_init: ``"constant"`` (1e-6 everywhere), ``"learned"`` (one learned row repeated N
             times) or ``"random"`` (small uniform noise, drawn anew for each sequence).
+        write_init: ``"default"``: the head layer's biases are drawn as its weights are
+            (``nn.Linear``'s initialisation); ``"sequential"``: the write heads' gate, shift and
+            sharpening biases are set so that a fresh model's write heads step one row a step
+            from row 0 (location-based addressing), content addressing left to be learned. For
+            tasks that store each step in a row of its own (dynamic n-grams: it takes every
+            seed off the plateau early, docs/results/ngrams.md). Needs ``shift_range >= 1``.
         max_beta: None (default) for the paper's unbounded key strength ``softplus``; a number
             bounds it smoothly, ``beta = max_beta tanh(softplus / max_beta)``.
         max_gamma: None (default) for the paper's unbounded sharpening ``1 + softplus``; a number
