@@ -239,13 +239,13 @@ def test_shipped_repeat_copy_generalises_as_documented():
 
 def test_shipped_ngrams_is_within_a_percent_of_the_bayes_optimal_cost_as_documented(shipped):
     # docs/results/ngrams.md:
-    # `ntm evaluate --pretrained ngrams --lengths 200 --sequences 1000`: 128.41
-    # bits per sequence against the Bayes-optimal 127.96 at the training length, +0.35% (issue
+    # `ntm evaluate --pretrained ngrams --lengths 200 --sequences 1000`: 128.57
+    # bits per sequence against the Bayes-optimal 127.96 at the training length, +0.47% (issue
     # 13: within 1%). Slack for float rounding on another machine.
     model, task = shipped("ngrams")
     (row,) = evaluate_sizes(model, task, [200], num_sequences=1000)
     assert row["reference_cost_bits"] == pytest.approx(127.96, abs=0.01)  # the same sequences
-    assert row["cost_bits"] == pytest.approx(128.41, abs=0.05)
+    assert row["cost_bits"] == pytest.approx(128.57, abs=0.05)
     assert row["cost_bits"] <= 1.01 * row["reference_cost_bits"]
 
 
@@ -288,11 +288,15 @@ def test_shipped_dnc_traversal_answers_as_documented():
 # Shipped models that are `ntm train TASK`'s output (the default preset, the seed given), made on
 # this CPU capability with this torch: there, training again must give the same weights to the
 # bit (elsewhere the native kernels' vector width or torch's BLAS round differently, and a seed's
-# run takes another path). Both train in under two minutes.
+# run takes another path).
 DEFAULT_COMMAND_MODELS = {  # name: (seed, made on)
     "copy": (0, ("AVX2", "2.13.0+cpu")),
     "associative_recall": (0, ("AVX512", "2.13.0+cpu")),
+    "ngrams": (0, ("AVX512", "2.13.0+cpu")),
 }
+# Those trained again in the slow lane: the ones that train in under two minutes (n-grams' 300,000
+# sequences take ~26 minutes of one core).
+RETRAINED = ("copy", "associative_recall")
 
 
 @pytest.mark.parametrize("name", DEFAULT_COMMAND_MODELS)
@@ -302,7 +306,7 @@ def test_the_shipped_model_is_the_default_commands_config(name):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", DEFAULT_COMMAND_MODELS)
+@pytest.mark.parametrize("name", RETRAINED)
 def test_the_default_command_reproduces_the_shipped_weights(tmp_path, name):
     seed, made = DEFAULT_COMMAND_MODELS[name]
     here = (torch.backends.cpu.get_cpu_capability(), torch.__version__)
