@@ -11,7 +11,9 @@ sequences: 1 on one row, 1/N spread over all N), and on a third how much of the 
 is left unerased at the end of each copy (the L rows of the most write weight during the input;
 the product over the answer's steps so far of each entry's ``1 - w e`` of every write head, mean
 over the rows, columns and sequences: 1 while nothing is erased there, 0 once it is wiped; adds
-are not counted). A model that keeps copying and only misplaces
+are not counted), and on a fourth where the write heads go while the model answers (the rows
+their largest weight moves in each copy, and that weight: a head that moves on by a row a step
+comes round onto the stored rows after N - L steps). A model that keeps copying and only misplaces
 the marker (the paper's, at 20 repeats) has few wrong data bits; one that raises the marker
 early and then outputs noise has about half the bits of the copies after it wrong.
 """
@@ -57,6 +59,16 @@ def main() -> None:
         left = keep.cumprod(0)[L - 1 :: L].mean((1, 2, 3))  # (R,) at each copy's last step
         print("  stored sequence left unerased after copy "
               + " ".join(f"{v:.2f}" for v in left.tolist()))
+        # Where the write heads go while the model answers: how many rows the row of most
+        # write weight moves in each copy (signed, the shorter way round the memory), and that
+        # largest weight; means over the steps, heads and sequences.
+        n = trace.write_weights.shape[-1]
+        top = trace.write_weights[first - 1 : first + R * L].argmax(-1)  # (RL + 1, B, Hw)
+        moved = ((top.diff(dim=0) + n // 2) % n - n // 2).float()  # (RL, B, Hw)
+        moved = moved.reshape(R, L, -1).sum(1).mean(1)  # (R,)
+        peak = trace.write_weights[answer].amax(-1).reshape(R, -1).mean(1)  # (R,)
+        print("  write head per copy: rows moved " + " ".join(f"{v:+.1f}" for v in moved.tolist())
+              + "; largest weight " + " ".join(f"{v:.2f}" for v in peak.tolist()))
 
 
 if __name__ == "__main__":

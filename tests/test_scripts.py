@@ -77,8 +77,12 @@ def test_repeat_copy_loops_prints_every_copy():
     out = _run("repeat_copy_loops.py", str(pretrained.path("repeat_copy")), "--repeats", "3,20",
                "--sequences", "8")
     lines = out.splitlines()
-    assert [line.split(":")[0] for line in lines[::3]] == ["L = 10, R = 3", "L = 10, R = 20"]
-    for line, focus_line, left_line, repeats in zip(lines[::3], lines[1::3], lines[2::3], (3, 20)):
+    assert [line.split(":")[0] for line in lines[::4]] == ["L = 10, R = 3", "L = 10, R = 20"]
+    for line, focus_line, left_line, write_line, repeats in zip(
+            lines[::4], lines[1::4], lines[2::4], lines[3::4], (3, 20)):
+        moved, peak = write_line.split("rows moved ")[1].split("; largest weight ")
+        assert len(moved.split()) == len(peak.split()) == repeats
+        assert all(1 / 128 <= float(v) <= 1 for v in peak.split())
         per_copy = line.split("per copy ")[1].split(";")[0].split()
         assert len(per_copy) == repeats
         assert all(0 <= float(v) <= 80 for v in per_copy)  # at most every bit of a copy (10 x 8)
@@ -103,7 +107,16 @@ def test_repeat_copy_loops_prints_every_copy():
         for t in range(12, 12 + 200):
             w, e = trace.write_weights[t, b, 0, rows].double(), trace.erase[t, b, 0].double()
             kept[b] *= 1 - w[:, None] * e[None, :]
-    assert float(lines[5].split()[-1]) == pytest.approx(float(kept.mean()), abs=0.006)
+    assert float(lines[6].split()[-1]) == pytest.approx(float(kept.mean()), abs=0.006)
+    # The write head's rows moved in the first and the last copy, recomputed row by row: the
+    # shorter way round the 128 rows from each step's row of most write weight to the next.
+    for copy, printed in ((0, 0), (19, -1)):
+        steps = range(11 + 10 * copy, 11 + 10 * copy + 10)  # from the step before the copy
+        rows = [[int(trace.write_weights[t, b, 0].argmax()) for t in [*steps, steps[-1] + 1]]
+                for b in range(8)]
+        moved = [sum((b - a + 64) % 128 - 64 for a, b in zip(r, r[1:])) for r in rows]
+        shown = lines[7].split("rows moved ")[1].split(";")[0].split()[printed]
+        assert float(shown) == pytest.approx(sum(moved) / 8, abs=0.051)
     # The shipped model keeps copying past 20 (the model shipped before 2026-11-26 erased the
     # stored sequence after its early marker: 0.5 and less).
     assert float(kept.mean()) > 0.9
