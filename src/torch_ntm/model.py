@@ -235,7 +235,8 @@ class NTM(SequenceModel, _NTMBase):
             sharpening biases are set so that a fresh model's write heads step one row a step
             from row 0 (location-based addressing), content addressing left to be learned. For
             tasks that store each step in a row of its own (dynamic n-grams: it takes every
-            seed off the plateau early, docs/results/ngrams.md). Needs ``shift_range >= 1``.
+            seed off the plateau early, docs/results/ngrams.md). Needs a write head and
+            ``shift_range >= 1``.
         max_beta: None (default) for the paper's unbounded key strength ``softplus``; a number
             bounds it smoothly, ``beta = max_beta tanh(softplus / max_beta)``.
         max_gamma: None (default) for the paper's unbounded sharpening ``1 + softplus``; a number
