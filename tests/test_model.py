@@ -606,10 +606,10 @@ def test_a_sequential_write_init_steps_the_write_heads_one_row_a_step(shift_rang
     # The read heads and every other parameter keep the default initialisation's draws.
     a, b = (build(NTM, write_heads=2, write_init=init).state_dict()
             for init in ("default", "sequential"))
-    changed = build(NTM, write_heads=2).head_layout
-    rows_set = {r for f in ("gate", "shift", "gamma") for r in changed.rows("write", f)}
+    layout = build(NTM, write_heads=2).head_layout
+    set_rows = {r for f in ("gate", "shift", "gamma") for r in layout.rows("write", f)}
     assert all(torch.equal(a[k], b[k]) for k in a if k != "head_params.bias")
-    same = [i for i in range(a["head_params.bias"].numel()) if i not in rows_set]
+    same = [i for i in range(a["head_params.bias"].numel()) if i not in set_rows]
     assert torch.equal(a["head_params.bias"][same], b["head_params.bias"][same])
 
 

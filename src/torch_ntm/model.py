@@ -44,9 +44,10 @@ MEMORY_INITS = ("constant", "learned", "random")
 # are drawn, or stepping one row a step.
 WRITE_INITS = ("default", "sequential")
 # The head layer's biases of a write head under write_init="sequential": the gate keeps 95% of
-# the previous weighting (sigmoid(-3)), the shift puts 91% on +1 (softmax of 3 against 0, 0),
-# and gamma = 1 + softplus(2) = 3.1 sharpens that back to one row (> 99.9% of the weight for
-# the first N steps of a fresh model, whatever the controller's output).
+# the previous weighting (sigmoid(-3)), the shift's +1 logit is 3 against 0 for the others (91%
+# on +1 with shift_range 1, 83% with 2), and gamma = 1 + softplus(2) = 3.1 sharpens that back
+# to one row (> 99.9% of the weight for the first N steps of a fresh model, whatever the
+# controller's output; tests/test_model.py checks shift ranges 1 and 2).
 _SEQUENTIAL_GATE, _SEQUENTIAL_SHIFT, _SEQUENTIAL_GAMMA = -3.0, 3.0, 2.0
 # How `NTM.forward` computes the sequence (the same function, to float rounding, on every engine):
 # `torch_ntm.engines` says what each is and which serves which call.
