@@ -970,6 +970,37 @@ def test_overwrite_removes_the_starts_runs_too(tmp_path, capsys):
     assert (tmp_path / "run" / "starts" / "1" / "checkpoint.json").exists()  # trained again
 
 
+def test_a_rate_given_on_resume_reaches_a_start_or_first_stage_that_resumes(tmp_path):
+    """``--resume RUN --set lr=X`` with X the run's own rate, in a run still training its
+    starts or its first stage: the resumed start or stage went on at its decayed rate, as the
+    flag did not reach past the run's own folder."""
+    from torch_ntm.checkpoint import stage_dir, start_dir
+    from torch_ntm.train import _train, first_stage_config, start_config
+
+    decay = ["lr_decay=0.5", "lr_milestones=1"]
+    config = resolve_config("copy", overrides=[*_STARTS, *decay], seed=2)
+    run = tmp_path / "starts"
+    run.mkdir()
+    (run / "config.json").write_text(config.to_json() + "\n")
+    _train(start_config(config, 0).replaced(max_sequences=2), start_dir(run, 0), resume=False,
+           progress=False)
+    assert _lr_of(start_dir(run, 0)) == pytest.approx(0.005)
+    train(config, run, resume=True, progress=False, new_lr=True)
+    assert _lr_of(start_dir(run, 0)) == pytest.approx(0.01)  # resumed, at the rate given
+    assert _lr_of(start_dir(run, 1)) == pytest.approx(0.005)  # trained from its first step
+
+    config = resolve_config("copy", overrides=[*_STAGED, *decay], seed=4)
+    run = tmp_path / "staged"
+    (run / "stages").mkdir(parents=True)
+    for path in (run / "config.json", run / "stages" / "config.json"):
+        path.write_text(config.to_json() + "\n")
+    _train(first_stage_config(config).replaced(max_sequences=4), stage_dir(run), resume=False,
+           progress=False)
+    assert _lr_of(stage_dir(run)) == pytest.approx(0.005)
+    train(config, run, resume=True, progress=False, new_lr=True)
+    assert _lr_of(stage_dir(run)) == pytest.approx(0.01)
+
+
 @pytest.mark.parametrize("overrides, message", [
     (["starts=2"], r"starts=2 needs start_sequences, each start's budget, above 0 and below "
                    r"max_sequences \(8\); got 0"),

@@ -323,7 +323,7 @@ def foreign_files(run_dir: str | os.PathLike) -> list[str]:
             ("config.json", MAX_RECORD_BYTES, _is_config),
             ("metrics.csv", MAX_METRICS_BYTES,
              lambda d: not d or d.decode().splitlines()[0].split(",")[:len(FIELDS)] == FIELDS),
-            *([] if "stages" in found else [(str(STAGED_CONFIG), MAX_RECORD_BYTES, _is_config)])):
+            *([] if STAGES in found else [(str(STAGED_CONFIG), MAX_RECORD_BYTES, _is_config)])):
         try:
             data = read_own(run_dir / name, limit, name)
             check_own(run_dir / name)
@@ -380,20 +380,21 @@ def clear_run(run_dir: str | os.PathLike) -> None:
 
 # The folders of the runs inside a run: its several starts' (RUN/starts/K) and its first
 # stage's (RUN/stages/0, before a fine-tune).
-_SUB_RUNS = ("starts", "stages")
+STARTS, STAGES = "starts", "stages"
+_SUB_RUNS = (STARTS, STAGES)
 # A run with a fine-tune (``finetune``) keeps its own config here, beside its first stage: until
 # the fine-tune's first checkpoint, ``ntm train --resume RUN`` reads it.
-STAGED_CONFIG = Path("stages") / "config.json"
+STAGED_CONFIG = Path(STAGES) / "config.json"
 
 
 def stage_dir(run_dir: str | os.PathLike) -> Path:
     """Where the first stage of a run with a fine-tune (``finetune``) trains."""
-    return Path(run_dir) / "stages" / "0"
+    return Path(run_dir) / STAGES / "0"
 
 
 def start_dir(run_dir: str | os.PathLike, k: int) -> Path:
     """Where start ``k`` of a run with several (``starts``) trains."""
-    return Path(run_dir) / "starts" / str(k)
+    return Path(run_dir) / STARTS / str(k)
 
 
 def _sub_runs(run_dir: Path, skip: list[str] = ()) -> list[Path]:

@@ -30,6 +30,7 @@ from torch_ntm.checkpoint import (
     CHECKPOINT_JSON,
     MAX_RECORD_BYTES,
     STAGED_CONFIG,
+    STARTS,
     CheckpointError,
     KeptWeights,
     atomic_write,
@@ -390,7 +391,7 @@ def train(config: TrainConfig, run_dir: str | os.PathLike, *, resume: bool = Fal
     check_finetune(config)
     with lock_run(run_dir) if is_main_process() else contextlib.nullcontext():
         if config.finetune and not (resume and has_checkpoint(run_dir)):
-            return _train_stages(config, run_dir, progress=progress)
+            return _train_stages(config, run_dir, progress=progress, new_lr=new_lr)
         return _train_stage(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
 
 
@@ -399,7 +400,7 @@ def _train_stage(config: TrainConfig, run_dir: Path, *, resume: bool, progress: 
     """`train` of one stage (the config's ``finetune`` aside): with several starts, those first
     (until ``run_dir`` has a checkpoint of its own), else the run itself."""
     if config.stabilise.starts > 1 and not (resume and has_checkpoint(run_dir)):
-        return _train_starts(config, run_dir, progress=progress)
+        return _train_starts(config, run_dir, progress=progress, new_lr=new_lr)
     return _train(config, run_dir, resume=resume, progress=progress, new_lr=new_lr)
 
 
@@ -457,7 +458,7 @@ def starting_config(run_dir: str | os.PathLike) -> TrainConfig | None:
         return None
     if (run_dir / STAGED_CONFIG).is_file():  # a run with a fine-tune, before the fine-tune saved
         return _read_config(run_dir / STAGED_CONFIG)
-    if not start_dir(run_dir, 0).parent.is_dir():
+    if not (run_dir / STARTS).is_dir():
         return None
     config = _read_config(run_dir / "config.json")
     return config if config.stabilise.starts > 1 else None
@@ -472,9 +473,11 @@ def _read_config(path: Path) -> TrainConfig:
     return config
 
 
-def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None) -> TrainResult:
+def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None,
+                  new_lr: bool | None = None) -> TrainResult:
     """`train` with a fine-tune, before ``run_dir`` has a checkpoint of its own: the first
-    stage in `stage_dir`, then the fine-tune from its kept weights in ``run_dir``."""
+    stage in `stage_dir` (``new_lr`` as `train`'s if it resumes), then the fine-tune from its
+    kept weights in ``run_dir``."""
     first = stage_dir(run_dir)
     if is_main_process():  # the run's own config, which `ntm train --resume` reads until the
         _write_config(run_dir, config)  # fine-tune's first checkpoint
@@ -484,7 +487,7 @@ def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
     try:
         with lock_run(first) if is_main_process() else contextlib.nullcontext():
             before = _train_stage(first_stage_config(config), first,
-                                  resume=has_checkpoint(first), progress=progress)
+                                  resume=has_checkpoint(first), progress=progress, new_lr=new_lr)
         result = _train(finetune_config(config, first), run_dir, resume=False,
                         progress=progress)
     except Interrupted as e:  # saved; `--resume RUN` goes on from where it stopped
@@ -492,9 +495,11 @@ def _train_stages(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
     return dataclasses.replace(result, first_stage=before)
 
 
-def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None) -> TrainResult:
+def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None,
+                  new_lr: bool | None = None) -> TrainResult:
     """`train` with several starts, before ``run_dir`` has a checkpoint of its own: each
-    start, then the best one on in ``run_dir``."""
+    start, then the best one on in ``run_dir`` (``new_lr`` as `train`'s for the starts it
+    resumes and for the one that goes on)."""
     main = is_main_process()
     if main:  # the run's own config from the first: `ntm train --resume` reads it
         _write_config(run_dir, config)
@@ -506,7 +511,7 @@ def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
             own_folder(folder)
         try:
             _train(start_config(config, k), folder, resume=has_checkpoint(folder),
-                   progress=progress)
+                   progress=progress, new_lr=new_lr)
         except Interrupted as e:  # saved; `--resume RUN` goes on with this start
             raise Interrupted(e.signum, e.step, run_dir) from None
         # ranked by the state that goes on, not by the weights it keeps: a start can leave a
@@ -518,7 +523,8 @@ def _train_starts(config: TrainConfig, run_dir: Path, *, progress: bool | None) 
     if main:  # its log goes on as the run's
         atomic_write(run_dir / "metrics.csv", read_own(chosen / "metrics.csv", MAX_METRICS_BYTES,
                                                        "metrics.csv"))
-    result = _train(config, run_dir, resume=True, progress=progress, source=chosen)
+    result = _train(config, run_dir, resume=True, progress=progress, new_lr=new_lr,
+                    source=chosen)
     return dataclasses.replace(result, start=best)
 
 
