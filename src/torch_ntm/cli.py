@@ -91,9 +91,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("task", choices=sorted(TASKS), metavar="TASK",
                    help=f"one of: {', '.join(sorted(TASKS))}")
     p.add_argument("--preset", default=None,
-                   help="ntm-lstm (default), ntm-lstm-paper (repeat_copy's default), ntm-ff, "
-                   "lstm; omniglot: mann (default), mann-ntm, lstm; traversal, shortest_path: "
-                   "dnc (default), ntm, lstm")
+                   help="ntm-lstm (default), ntm-lstm-paper (repeat_copy's and priority_sort's "
+                   "default), ntm-ff, lstm; omniglot: mann (default), mann-ntm, lstm; traversal, "
+                   "shortest_path: dnc (default), ntm, lstm")
     p.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                    help="override a config key (repeatable); task.KEY for task parameters")
     p.add_argument("--out", default=None,
