@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 import pydoc
 
 import pytest
@@ -622,6 +623,31 @@ def test_a_sequential_write_init_needs_a_write_head_and_a_shift():
         build(NTMCell, write_init="shift")
 
 
+def test_a_read_beta_bias_starts_the_read_heads_at_that_key_strength():
+    # Before any training, whatever the inputs: softplus(5) = 5.007, give or take the head
+    # layer's small weights times the controller's output; the default draws start near
+    # softplus(0) = 0.69. Only the read heads' beta biases differ from the default's draws.
+    x = inputs(shape=(12, B, IN), dtype=torch.float32)
+    sharp = build(NTM, read_heads=2, write_heads=2, read_beta_bias=5).trace(x)[2]
+    assert sharp.read_beta.shape == (12, B, 2)
+    assert (sharp.read_beta - tnf.softplus(torch.tensor(5.0))).abs().max() < 0.5
+    assert build(NTM, read_heads=2, write_heads=2).trace(x)[2].read_beta.max() < 2.0
+    a, b = (build(NTM, read_heads=2, write_heads=2, read_beta_bias=bias).state_dict()
+            for bias in (None, 5.0))
+    rows = build(NTM, read_heads=2, write_heads=2).head_layout.rows("read", "beta")
+    assert all(torch.equal(a[k], b[k]) for k in a if k != "head_params.bias")
+    assert torch.equal(b["head_params.bias"][rows], torch.full((2,), 5.0))
+    same = [i for i in range(a["head_params.bias"].numel()) if i not in rows]
+    assert torch.equal(a["head_params.bias"][same], b["head_params.bias"][same])
+
+
+@pytest.mark.parametrize("bad", [math.nan, math.inf, "5", True])
+def test_a_read_beta_bias_must_be_a_finite_number(bad):
+    with pytest.raises(ValueError, match=r"read_beta_bias must be None \(not set\) or a finite "
+                                         r"number, got "):
+        build(NTMCell, read_beta_bias=bad)
+
+
 def test_shift_range_must_fit_in_memory():
     with pytest.raises(ValueError, match=r"shift_range=4 needs 2\*shift_range\+1 <= memory_size"):
         build(NTM, shift_range=4)  # 9 > N = 7
@@ -649,7 +675,8 @@ def test_the_options_give_the_attributes_repr_and_config():
     assert repr(ntm).startswith(
         "NTM(\n  4, 3, controller='feedforward', controller_size=8, controller_layers=1, "
         "memory_size=7, memory_width=5, read_heads=1, write_heads=1, shift_range=1, "
-        "memory_init='constant', write_init='default', max_beta=None, max_gamma=3.0\n")
+        "memory_init='constant', write_init='default', read_beta_bias=None, max_beta=None, "
+        "max_gamma=3.0\n")
 
 
 @pytest.mark.parametrize("cls", [NTM, NTMCell])

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor, nn
 
 __all__ = ["bound", "cell_step", "check_cell_input", "check_input_dtype", "check_state_tensors",
-           "choice", "describe_shapes", "one_dtype", "positive_fields", "positive_int",
+           "choice", "describe_shapes", "finite", "one_dtype", "positive_fields", "positive_int",
            "read_only_options", "sequence_layout", "time_major"]
 
 
@@ -46,6 +46,16 @@ def bound(name: str, value, above: float) -> float | None:
         above < value < math.inf
     ):
         raise ValueError(f"{name} must be None (unbounded) or a number > {above}, got {value!r}")
+    return float(value)
+
+
+def finite(name: str, value) -> float | None:
+    """``value`` as a float (None stays None: not set), or a `ValueError` unless it is a finite
+    number."""
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{name} must be None (not set) or a finite number, got {value!r}")
     return float(value)
 
 

@@ -27,7 +27,7 @@ from torch import Tensor, nn
 
 from torch_ntm import engines
 from torch_ntm.base import Cell, MemoryModule
-from torch_ntm.checks import bound, choice, positive_fields
+from torch_ntm.checks import bound, choice, finite, positive_fields
 from torch_ntm.controllers import CONTROLLERS
 from torch_ntm.layout import HeadLayout, HeadParameters
 from torch_ntm.sequence import SequenceModel
@@ -89,11 +89,12 @@ class NTMOptions:
     shift_range: int = 1
     memory_init: str = "constant"
     write_init: str = "default"
+    read_beta_bias: float | None = None
     max_beta: float | None = None
     max_gamma: float | None = None
 
     def checked(self) -> NTMOptions:
-        """These options, with the caps as floats.
+        """These options, with the caps and ``read_beta_bias`` as floats.
 
         Raises:
             ValueError: naming the first invalid option and what it must be.
@@ -109,14 +110,15 @@ class NTMOptions:
                 f"write_init='sequential' steps the write heads by one row, which needs "
                 f"write_heads >= 1 and shift_range >= 1, got write_heads={self.write_heads}, "
                 f"shift_range={self.shift_range}: use write_init='default'")
-        caps = {"max_beta": bound("max_beta", self.max_beta, 0.0),
-                "max_gamma": bound("max_gamma", self.max_gamma, 1.0)}
+        numbers = {"max_beta": bound("max_beta", self.max_beta, 0.0),
+                   "max_gamma": bound("max_gamma", self.max_gamma, 1.0),
+                   "read_beta_bias": finite("read_beta_bias", self.read_beta_bias)}
         if 2 * self.shift_range + 1 > self.memory_size:
             raise ValueError(
                 f"shift_range={self.shift_range} needs 2*shift_range+1 <= memory_size, "
                 f"got memory_size={self.memory_size}"
             )
-        return dataclasses.replace(self, **caps)
+        return dataclasses.replace(self, **numbers)
 
     @property
     def caps(self) -> tuple[float, float]:
@@ -163,6 +165,10 @@ class _NTMBase(MemoryModule):
                 bias[shifts] = 0.0
                 bias[shifts[self.options.shift_range + 1 :: layout.shifts]] = _SEQUENTIAL_SHIFT
                 bias[layout.rows("write", "gamma")] = _SEQUENTIAL_GAMMA
+        if self.options.read_beta_bias is not None:
+            with torch.no_grad():
+                self.head_params.bias[self.head_layout.rows("read", "beta")] = (
+                    self.options.read_beta_bias)
 
     def _initial_state(self, batch_size: int, controller: tuple, device, dtype) -> NTMState:
         """Memory by ``memory_init``; the weightings focused on row 0 by the learned logits
@@ -238,6 +244,11 @@ class NTM(SequenceModel, _NTMBase):
             tasks that store each step in a row of its own (dynamic n-grams: it takes every
             seed off the plateau early, docs/results/ngrams.md). Needs a write head and
             ``shift_range >= 1``.
+        read_beta_bias: None (default): the read heads' key-strength biases are drawn as the
+            head layer's are; a number sets them to it, so that a fresh model's read heads start
+            with key strength ``softplus(read_beta_bias)`` (5 gives 5.0: content lookups that
+            pick a row from the first steps rather than blur over all of them, which takes the
+            dynamic n-grams' last failing seed off its plateau, docs/results/ngrams.md).
         max_beta: None (default) for the paper's unbounded key strength ``softplus``; a number
             bounds it smoothly, ``beta = max_beta tanh(softplus / max_beta)``.
         max_gamma: None (default) for the paper's unbounded sharpening ``1 + softplus``; a number
