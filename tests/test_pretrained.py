@@ -239,13 +239,13 @@ def test_shipped_repeat_copy_generalises_as_documented():
 
 def test_shipped_ngrams_is_within_a_percent_of_the_bayes_optimal_cost_as_documented(shipped):
     # docs/results/ngrams.md:
-    # `ntm evaluate --pretrained ngrams --lengths 200 --sequences 1000`: 128.57
-    # bits per sequence against the Bayes-optimal 127.96 at the training length, +0.47% (issue
+    # `ntm evaluate --pretrained ngrams --lengths 200 --sequences 1000`: 128.47
+    # bits per sequence against the Bayes-optimal 127.96 at the training length, +0.39% (issue
     # 13: within 1%). Slack for float rounding on another machine.
     model, task = shipped("ngrams")
     (row,) = evaluate_sizes(model, task, [200], num_sequences=1000)
     assert row["reference_cost_bits"] == pytest.approx(127.96, abs=0.01)  # the same sequences
-    assert row["cost_bits"] == pytest.approx(128.57, abs=0.05)
+    assert row["cost_bits"] == pytest.approx(128.47, abs=0.05)
     assert row["cost_bits"] <= 1.01 * row["reference_cost_bits"]
 
 

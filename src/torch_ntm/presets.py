@@ -136,10 +136,11 @@ PRESETS: dict[str, dict[str, Preset]] = {
     },
     "ngrams": {
         "ntm-lstm": Preset(
-            "the write head started stepping one row a step, and a fixed budget with the rate "
-            "cut twice",
+            "the write head started a row a step, the read head's key strength at 5, a fixed "
+            "budget, the rate cut twice",
             {**_BIT_ADAM, "lr": 1e-3, "eval_every": 200, "write_init": "sequential",
-             "max_sequences": 300_000, "lr_milestones": [170_000, 260_000], "lr_decay": 0.3}),
+             "read_beta_bias": 5.0, "max_sequences": 300_000,
+             "lr_milestones": [170_000, 260_000], "lr_decay": 0.3}),
         "ntm-lstm-paper": Preset("the paper's optimiser and rate", {**_PAPER_OPT, "lr": 3e-5}),
         "ntm-ff": Preset(
             "the paper's feed-forward NTM and optimiser",
