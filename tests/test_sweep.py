@@ -152,6 +152,16 @@ def test_markdown_report(runs):
     ]
 
 
+def test_a_preset_without_a_stop_rule_is_not_judged_by_reaching_zero_bit_errors(runs):
+    # n-grams has no bit-exact answer: "converged 0/5, goal not met" above its criterion's
+    # "5 of 5 seeds meet it" read as a failure.
+    summary = {**summarise(list(runs.values())), "stop_rule": False}
+    last = format_report(summary).splitlines()[-1]
+    assert last == ("- goal: not judged here: the preset trains a fixed budget rather than to 0 "
+                    "bit errors; the task's criterion (--criterion) judges each seed")
+    assert format_report({**summary, "stop_rule": True}).endswith("no NaN): not met")
+
+
 def test_a_grid_is_every_combination_of_its_values_the_first_key_outermost():
     assert parse_grid([]) == [GridPoint("", ())]  # no grid: one point, the sweep's folder
     assert parse_grid(["lr=1e-3, 3e-3", "batch_size=16,32"]) == [
