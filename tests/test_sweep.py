@@ -154,12 +154,19 @@ def test_markdown_report(runs):
 
 def test_a_preset_without_a_stop_rule_is_not_judged_by_reaching_zero_bit_errors(runs):
     # n-grams has no bit-exact answer: "converged 0/5, goal not met" above its criterion's
-    # "5 of 5 seeds meet it" read as a failure.
-    summary = {**summarise(list(runs.values())), "stop_rule": False}
-    last = format_report(summary).splitlines()[-1]
+    # "5 of 5 seeds meet it" read as a failure. Its stop_bit_errors is -1.
+    judged, unjudged = summarise([runs["seed-0"]]), summarise([runs["seed-0"]], -1.0)
+    assert judged["goal_met"] is True and unjudged["goal_met"] is None
+    # The seeds' rows are those of a threshold of 0.
+    assert unjudged["seeds"] == judged["seeds"] and unjudged["threshold"] == 0
+    last = format_report(unjudged).splitlines()[-1]
     assert last == ("- goal: not judged here: the preset trains a fixed budget rather than to 0 "
                     "bit errors; the task's criterion (--criterion) judges each seed")
-    assert format_report({**summary, "stop_rule": True}).endswith("no NaN): not met")
+    assert format_report(judged).endswith("no NaN): met")
+    # ... and in a grid's table.
+    points = [{"point": "lr=0.1", **unjudged}, {"point": "lr=0.2", **judged}]
+    rows = format_grid_report({"title": "Sweep: ngrams", "points": points}).splitlines()[4:6]
+    assert [row.rsplit("|", 2)[1].strip() for row in rows] == ["not judged", "met"]
 
 
 def test_a_grid_is_every_combination_of_its_values_the_first_key_outermost():

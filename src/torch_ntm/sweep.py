@@ -263,8 +263,7 @@ def _sweep(task, preset, sets, points, configs, out, seeds, first_seed, sequence
     for point, config in zip(points, configs):
         mine = [run for run in runs if run.point == point]
         summaries.append({
-            **summarise([run.run_dir for run in mine], max(config.evaluation.stop_bit_errors, 0.0)),
-            "stop_rule": config.evaluation.stop_bit_errors >= 0,
+            **summarise([run.run_dir for run in mine], config.evaluation.stop_bit_errors),
             "exit_codes": {str(r.seed): r.exit_code for r in mine if r.exit_code is not None},
             "reused": [r.seed for r in mine if r.state == "complete"]})
     if grid:
@@ -702,7 +701,11 @@ def summarise(run_dirs, threshold: float = 0.0) -> dict:
     Args:
         run_dirs: run directories, each with ``metrics.csv`` and ``checkpoint.json`` (missing
             files count as an incomplete seed that did not converge).
-        threshold: validation bit errors per sequence at or below which a seed has converged.
+        threshold: validation bit errors per sequence at or below which a seed has converged:
+            the preset's ``stop_bit_errors``. Below 0 (a preset that trains a fixed budget, such
+            as n-grams') a seed's row counts 0 bit errors as converged, and the goal is not
+            judged (``goal_met`` None): the task's criterion judges those runs
+            (`torch_ntm.criteria`, ``ntm sweep --criterion``).
 
     Returns:
         ``seeds``: one dict per run, in order: ``seed``, ``run_dir``, ``complete`` (its
@@ -715,8 +718,10 @@ def summarise(run_dirs, threshold: float = 0.0) -> dict:
         ``num_converged``, ``median_converged_s``, ``median_converged_sequences``,
         ``max_over_median_s`` (slowest converged seed's time over the median, or None),
         ``num_collapsed``, ``total_rolled_back``, ``num_diverged``, ``total_nan_steps`` and
-        ``goal_met``.
+        ``goal_met`` (None: not judged).
     """
+    judged = threshold >= 0
+    threshold = max(threshold, 0.0)
     rows = [_seed_row(Path(d), threshold) for d in run_dirs]
     times = [r["converged_s"] for r in rows if r["converged"]]
     seqs = [r["converged_sequences"] for r in rows if r["converged"]]
@@ -726,9 +731,9 @@ def summarise(run_dirs, threshold: float = 0.0) -> dict:
     num_collapsed = sum(r["collapsed"] for r in rows)
     num_diverged = sum(r["diverged"] for r in rows)
     total_nan = sum(r["nan_steps"] for r in rows)
-    goal = (bool(rows) and num_converged == len(rows) and num_collapsed == 0
-            and num_diverged == 0 and total_nan == 0
-            and (ratio is None or ratio <= GOAL_TIME_RATIO))
+    goal = None if not judged else (
+        bool(rows) and num_converged == len(rows) and num_collapsed == 0
+        and num_diverged == 0 and total_nan == 0 and (ratio is None or ratio <= GOAL_TIME_RATIO))
     return {
         "threshold": threshold, "collapse_bit_errors": COLLAPSE_BIT_ERRORS,
         "num_seeds": len(rows), "num_converged": num_converged,
@@ -745,11 +750,13 @@ def _yes(flag: bool) -> str:
     return "yes" if flag else "no"
 
 
+def _goal(summary: dict) -> str:
+    return {True: "met", False: "not met", None: "not judged"}[summary["goal_met"]]
+
+
 def format_report(summary: dict, title: str | None = None) -> str:
-    """`summarise`'s dictionary as Markdown: a table with one row per seed, then the summary.
-    The goal is judged only where the runs stop at a bit-error count (``stop_rule``, True when
-    absent): a preset that trains a fixed budget (n-grams, priority sort) is judged by the
-    task's criterion (`torch_ntm.criteria`, ``ntm sweep --criterion``), not by reaching 0."""
+    """`summarise`'s dictionary as Markdown: a table with one row per seed, then the summary
+    (and the goal, where `summarise` judged it)."""
     lines = [f"# {title}", ""] if title else []
     lines += [
         "| seed | converged | sequences | time (s) | collapsed | rolled back | diverged "
@@ -779,8 +786,7 @@ def format_report(summary: dict, title: str | None = None) -> str:
         f"- diverged (non-finite cost): {summary['num_diverged']}; "
         f"NaN steps: {summary['total_nan_steps']}",
         f"- goal (all converge within {GOAL_TIME_RATIO:g}x the median time, none collapses, "
-        f"no NaN): {'met' if summary['goal_met'] else 'not met'}"
-        if summary.get("stop_rule", True) else
+        f"no NaN): {_goal(summary)}" if summary["goal_met"] is not None else
         "- goal: not judged here: the preset trains a fixed budget rather than to 0 bit errors; "
         "the task's criterion (--criterion) judges each seed",
     ]
@@ -805,7 +811,7 @@ def format_grid_report(report: dict) -> str:
             f"| {'-' if median_seq is None else f'{median_seq:,.0f}'} "
             f"| {'-' if ratio is None else f'{ratio:.2f}'} | {p['num_collapsed']} "
             f"| {p['total_rolled_back']} | {p['num_diverged']} | {p['total_nan_steps']} "
-            f"| {'met' if p['goal_met'] else 'not met'} |")
+            f"| {_goal(p)} |")
     for p in report["points"]:
         lines += ["", f"## {p['point']}", "", format_report(p)]
     return "\n".join(lines)
