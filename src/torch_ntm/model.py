@@ -157,18 +157,16 @@ class _NTMBase(MemoryModule):
         nn.init.constant_(self.write_focus0, 10.0)
         if self.memory0 is not None:
             nn.init.constant_(self.memory0, MEMORY_INIT_CONSTANT)
-        if self.options.write_init == "sequential":
-            layout, bias = self.head_layout, self.head_params.bias
-            shifts = layout.rows("write", "shift")  # -R..+R, head by head
-            with torch.no_grad():
+        layout, bias, options = self.head_layout, self.head_params.bias, self.options
+        with torch.no_grad():
+            if options.write_init == "sequential":
+                shifts = layout.rows("write", "shift")  # -R..+R, head by head
                 bias[layout.rows("write", "gate")] = _SEQUENTIAL_GATE
                 bias[shifts] = 0.0
-                bias[shifts[self.options.shift_range + 1 :: layout.shifts]] = _SEQUENTIAL_SHIFT
+                bias[shifts[options.shift_range + 1 :: layout.shifts]] = _SEQUENTIAL_SHIFT
                 bias[layout.rows("write", "gamma")] = _SEQUENTIAL_GAMMA
-        if self.options.read_beta_bias is not None:
-            with torch.no_grad():
-                self.head_params.bias[self.head_layout.rows("read", "beta")] = (
-                    self.options.read_beta_bias)
+            if options.read_beta_bias is not None:
+                bias[layout.rows("read", "beta")] = options.read_beta_bias
 
     def _initial_state(self, batch_size: int, controller: tuple, device, dtype) -> NTMState:
         """Memory by ``memory_init``; the weightings focused on row 0 by the learned logits
