@@ -8,14 +8,16 @@ import torch
 
 from torch_ntm.checkpoint import load_checkpoint
 from torch_ntm.factories import build_model
+from torch_ntm.presets import resolve_config
 from torch_ntm.runlog import read_metrics
+from torch_ntm.train import train
 
-ARGS = ["train", "copy", "--no-plots", "--no-progress", "--set", "task.max_length=4",
-        "--set", "task.width=4", "--set", "memory_size=12", "--set", "memory_width=6",
-        "--set", "controller_size=16", "--set", "batch_size=8", "--set", "max_sequences=96",
-        "--set", "eval_every=4", "--set", "eval_sequences=16", "--set", "optimizer=adam",
-        "--set", "lr=3e-3", "--set", "clip_norm=1", "--set", "log_every=3",
-        "--set", "engine=auto"]
+SETTINGS = ["task.max_length=4", "task.width=4", "memory_size=12", "memory_width=6",
+            "controller_size=16", "batch_size=8", "max_sequences=96", "eval_every=4",
+            "eval_sequences=16", "optimizer=adam", "lr=3e-3", "clip_norm=1", "log_every=3",
+            "engine=auto"]
+ARGS = ["train", "copy", "--no-plots", "--no-progress",
+        *[arg for setting in SETTINGS for arg in ("--set", setting)]]
 
 
 def run(cmd, tmp_path):
@@ -66,3 +68,44 @@ def test_a_time_budget_stops_every_rank_at_the_same_step(tmp_path):
               tmp_path)
     assert "stopped (budget)" in out
     assert load_checkpoint(tmp_path / "t").elapsed_s >= 2
+
+
+@pytest.mark.skipif(not torch.distributed.is_available(), reason="torch.distributed missing")
+def test_the_ddp_wrapper_is_freed_before_the_process_group_goes(tmp_path, monkeypatch):
+    """Freed with DDP's reducer after the group was destroyed, the group's destructor joined
+    gloo's threads with the GIL held, while one still needed it to free the barrier's tensors: a
+    hang at the end of 1 in 4 torchrun runs on two busy cores (the test above, in CI). DDP sits
+    in a reference cycle, so only a collection frees it. Here, in one process: a group of one
+    rank, DDP around the model, and what is alive when the run closes its world."""
+    import gc
+    import weakref
+
+    import torch.distributed as dist
+    from torch.nn.parallel import DistributedDataParallel
+
+    from torch_ntm.train import _World
+
+    wrappers, alive_at_close = [], []
+
+    def wrap(self, model):
+        wrapper = DistributedDataParallel(model)
+        wrappers.append(weakref.ref(wrapper))
+        return wrapper
+
+    def close(self, finished):
+        alive_at_close.append([ref() is not None for ref in wrappers])
+
+    monkeypatch.setattr(_World, "wrap", wrap)
+    monkeypatch.setattr(_World, "close", close)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    enabled = gc.isenabled()
+    gc.disable()  # no collection by chance: the run must make it
+    try:
+        config = resolve_config("copy", overrides=[*SETTINGS, "max_sequences=16", "eval_sizes="],
+                                seed=0)
+        train(config, tmp_path / "run", progress=False)
+    finally:
+        if enabled:
+            gc.enable()
+        dist.destroy_process_group()
+    assert alive_at_close == [[False]]

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import json
 import math
 import os
@@ -983,9 +984,19 @@ class _Run:
                         metrics=s.metrics, extra={**s.extra(), "recent_grad_norms": norms},
                         best=self.best.saved(), averaged=self.averaged)
 
-    def close(self) -> None:
+    def close(self, finished: bool) -> None:
+        """Close the log, then the process group under torchrun: DDP's wrapper goes first.
+        Its reducer shares the group, and a group freed with the reducer is destroyed with the
+        GIL held: its destructor joins gloo's worker threads, one of which may still need the
+        GIL to free the tensors of the last collective (the barrier's). A deadlock, in 1 of 4
+        runs on two busy cores. Freed by ``destroy_process_group``, the group lets go of the
+        GIL first."""
         if self.log is not None:
             self.log.close()
+        if self.train_model is not self.model:
+            self.train_model = self.model
+            gc.collect()  # DDP sits in a reference cycle: only a collection frees it
+        self.world.close(finished)
 
 
 def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool | None,
@@ -1025,7 +1036,6 @@ def _train(config: TrainConfig, run_dir: Path, *, resume: bool, progress: bool |
     finally:
         stop.restore()
         bar.close()
-        run.close()
-        run.world.close(finished=completed)
+        run.close(finished=completed)
     return TrainResult(run_dir, run.converged, state.step, state.sequences, state.elapsed_s,
                        state.metrics, state.nan_steps, trained=not run.idle)
